@@ -1,0 +1,96 @@
+"""What each target GPU allows: the planner's budgets and the performance model's ceilings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import KgenError
+
+
+class ArchError(KgenError, KeyError):
+    """An arch name or device that kgen has no table entry for."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str  # NVRTC's --gpu-architecture value, e.g. "sm_120"
+    description: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    smem_per_block: int  # bytes a block may opt in to (dynamic + static)
+    smem_per_sm: int  # bytes of shared memory per SM
+    smem_reserved_per_block: int  # bytes the driver keeps per resident block
+    regs_per_sm: int
+    max_regs_per_thread: int
+    max_warps_per_sm: int
+    max_blocks_per_sm: int
+    dram_gbps: float  # bytes/s / 1e9, for the performance model
+    mma_bf16_tflops: float  # dense mma.sync bf16 -> fp32
+    mma_sync_bf16: bool = True
+    mma_sync_fp8: bool = False
+    cp_async: bool = True
+    ldmatrix: bool = True
+    wgmma: bool = False
+
+    @property
+    def features(self) -> list[str]:
+        names = ("mma_sync_bf16", "mma_sync_fp8", "cp_async", "ldmatrix", "wgmma")
+        return [n for n in names if getattr(self, n)]
+
+
+ARCHS: dict[str, Arch] = {
+    a.name: a
+    for a in (
+        Arch(
+            name="sm_120",
+            description="RTX PRO 6000 Blackwell (GB202)",
+            compute_capability=(12, 0),
+            sm_count=188,
+            smem_per_block=99 * 1024,
+            smem_per_sm=100 * 1024,
+            smem_reserved_per_block=1024,
+            regs_per_sm=65536,
+            max_regs_per_thread=255,
+            max_warps_per_sm=48,
+            max_blocks_per_sm=32,
+            dram_gbps=1792.0,
+            mma_bf16_tflops=504.0,
+            mma_sync_fp8=True,
+        ),
+        Arch(
+            name="sm_90",
+            description="H100/H200 (Hopper)",
+            compute_capability=(9, 0),
+            sm_count=132,
+            smem_per_block=227 * 1024,
+            smem_per_sm=228 * 1024,
+            smem_reserved_per_block=1024,
+            regs_per_sm=65536,
+            max_regs_per_thread=255,
+            max_warps_per_sm=64,
+            max_blocks_per_sm=32,
+            dram_gbps=4180.0,  # measured copy bandwidth on the H200 (DESIGN §2)
+            mma_bf16_tflops=630.0,  # measured mma.sync rate on the H200 (DESIGN §2)
+            mma_sync_fp8=True,
+            wgmma=True,
+        ),
+    )
+}
+
+
+def get_arch(name: str) -> Arch:
+    try:
+        return ARCHS[name]
+    except KeyError:
+        raise ArchError(f"unknown arch {name!r}; known: {', '.join(sorted(ARCHS))}") from None
+
+
+def arch_for_capability(major: int, minor: int) -> Arch:
+    """The arch whose code runs on a device of this compute capability."""
+    for arch in ARCHS.values():
+        if arch.compute_capability == (major, minor):
+            return arch
+    raise ArchError(f"no kgen arch for compute capability {major}.{minor}; known: {', '.join(sorted(ARCHS))}")

@@ -1,0 +1,128 @@
+"""Compile CUDA source to a cubin with NVRTC from pip (cuda-python), and read ptxas's report.
+
+No system CUDA toolkit is needed: NVRTC and the CUDA headers (cuda_bf16.h) come from the
+nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels, located with cuda.pathfinder.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .errors import CompileError
+
+
+@dataclass(frozen=True)
+class ResourceReport:
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+    static_smem: int
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+
+@dataclass(frozen=True)
+class Compiled:
+    cubin: bytes
+    log: str
+    report: ResourceReport
+
+
+def _nvrtc():
+    from cuda.bindings import nvrtc
+
+    return nvrtc
+
+
+def _check(result, what: str, log: str = "") -> None:
+    nvrtc = _nvrtc()
+    if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, msg = nvrtc.nvrtcGetErrorString(result)
+        raise CompileError(f"NVRTC {what} failed: {msg.decode()}" + (f"\n{log}" if log else ""))
+
+
+@lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    err, major, minor = _nvrtc().nvrtcVersion()
+    _check(err, "nvrtcVersion")
+    return f"{major}.{minor}"
+
+
+@lru_cache(maxsize=1)
+def cuda_include_dir() -> str:
+    from cuda import pathfinder
+
+    found = pathfinder.find_nvidia_header_directory("cudart")
+    if not found:
+        raise CompileError("CUDA runtime headers not found: pip install nvidia-cuda-runtime")
+    return str(found)
+
+
+def options(arch: str) -> list[str]:
+    """NVRTC options; part of the cache key."""
+    return [
+        f"--gpu-architecture={arch}",
+        "--std=c++17",
+        "--ptxas-options=--verbose",
+        "--generate-line-info",
+        "--device-as-default-execution-space",
+    ]
+
+
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_report(log: str, symbol: str) -> ResourceReport:
+    """ptxas's verbose lines for one entry function."""
+    section = log.split(f"Compiling entry function '{symbol}'", 1)
+    if len(section) != 2:
+        raise CompileError(f"no ptxas report for {symbol} in NVRTC's log:\n{log}")
+    body = section[1].split("Compiling entry function", 1)[0]
+    regs = _REGS.search(body)
+    spill = _SPILL.search(body)
+    smem = _SMEM.search(body)
+    if not (regs and spill):
+        raise CompileError(f"cannot parse ptxas report for {symbol}:\n{body}")
+    return ResourceReport(
+        registers=int(regs.group(1)),
+        stack_bytes=int(spill.group(1)),
+        spill_stores=int(spill.group(2)),
+        spill_loads=int(spill.group(3)),
+        static_smem=int(smem.group(1)) if smem else 0,
+    )
+
+
+def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, filename: str) -> Compiled:
+    """Compile `source` for `arch`; a failure raises CompileError carrying NVRTC's log."""
+    nvrtc = _nvrtc()
+    names = list(headers)
+    err, prog = nvrtc.nvrtcCreateProgram(
+        source.encode(), filename.encode(), len(names),
+        [headers[n].encode() for n in names], [n.encode() for n in names],
+    )
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = [o.encode() for o in options(arch)] + [f"--include-path={cuda_include_dir()}".encode()]
+        (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        _check(err, "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
+        _check(err, "nvrtcGetProgramLog")
+        log = buf.rstrip(b"\x00 ").decode(errors="replace")
+        _check(compile_err, f"compiling {filename} for {arch}", log)
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        _check(err, "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
+        _check(err, "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return Compiled(cubin=cubin, log=log, report=parse_report(log, symbol))

@@ -1,0 +1,266 @@
+"""Plan: turn a spec into kernel variants (tiles, threads, stages, constants, signature) that fit
+the target arch's limits.
+
+Each Variant is one extern "C" entry point in one rendered source file. The planner owns the
+shared-memory budget: it computes each kernel's footprint from the same constants the template
+uses (the template static_asserts that the two agree) and refuses a plan over the arch's limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from .arch import Arch, get_arch
+from .errors import PlanError
+from .signature import Param
+from .spec import Spec
+
+LOG2E = 1.4426950408889634
+
+# Attention tiling that does not depend on the arch (see templates/attention.cuh).
+DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
+KV_ROW_PAD = 8  # bf16 elements of padding per staged KV row: 16 B, breaks ldmatrix bank conflicts
+S_ROW_PAD = 4  # fp32 padding per partial-score row
+P_ROW_PAD = 8  # bf16 padding per probability row
+
+
+@dataclass(frozen=True)
+class Variant:
+    kernel: str  # which of the kernels: prefix_attn, tree_attn, lse_merge, kv_defrag, schedule
+    name: str  # what this entry point does, e.g. "lse_merge_bf16"
+    template: str  # templates/<template>
+    threads: int
+    smem_bytes: int  # dynamic shared memory per block
+    min_blocks: int  # second __launch_bounds__ argument: the occupancy the plan is built for
+    constants: dict[str, object]  # injected into the template
+    params: tuple[Param, ...]
+    tag: str  # human-readable part of the id: h8_d576_ps1_bf16_sm120
+
+    @property
+    def digest(self) -> str:
+        blob = json.dumps(
+            [self.template, self.threads, self.smem_bytes, self.min_blocks, self.constants,
+             [(p.name, p.ctype) for p in self.params]],
+            sort_keys=True, default=str,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def variant_id(self) -> str:
+        """Readable and unique; also the extern "C" symbol."""
+        return f"{self.name}__{self.tag}__{self.digest}"
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    bm: int  # packed (token, head) rows per CTA
+    bn: int  # KV rows per pipeline stage
+    warps_m: int  # warps along rows; DIM_GROUPS warps along dims
+    stages: int
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * DIM_GROUPS
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: Spec
+    arch: Arch
+    tiles: AttentionTiles
+    variants: tuple[Variant, ...]
+    budget: dict[str, int] = field(default_factory=dict)
+
+    def variant(self, name: str) -> Variant:
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise KeyError(name)
+
+
+def attention_smem_bytes(spec: Spec, t: AttentionTiles) -> int:
+    """Shared memory of one attention CTA; mirrors the layout in templates/attention.cuh."""
+    d = spec.model.head_dim
+    kv = t.stages * t.bn * (d + KV_ROW_PAD) * 2
+    s_part = DIM_GROUPS * t.bm * (t.bn + S_ROW_PAD) * 4
+    p = t.bm * (t.bn + P_ROW_PAD) * 2
+    stats = 2 * t.bm * 4  # per-row rescale factor and final 1/l
+    q_stage = t.bm * (d + KV_ROW_PAD) * 2  # Q is staged once through the KV buffers
+    if q_stage > kv:
+        raise PlanError(f"Q tile ({q_stage} B) does not fit in the KV staging buffers ({kv} B)")
+    return kv + s_part + p + stats
+
+
+def _fits(arch: Arch, smem: int) -> bool:
+    return smem <= arch.smem_per_block
+
+
+def choose_attention_tiles(spec: Spec, arch: Arch) -> AttentionTiles:
+    """The deepest KV pipeline that fits the arch's shared memory per block."""
+    base = dict(bm=32, bn=32, warps_m=2)
+    for stages in (4, 3, 2):
+        t = AttentionTiles(stages=stages, **base)
+        if _fits(arch, attention_smem_bytes(spec, t)):
+            return t
+    t = AttentionTiles(stages=2, **base)
+    need = attention_smem_bytes(spec, t)
+    raise PlanError(
+        f"{spec.name}: attention needs {need} B of shared memory per block with the smallest "
+        f"tiles (BM={t.bm}, BN={t.bn}, 2 stages) but {arch.name} allows {arch.smem_per_block} B "
+        f"(over by {need - arch.smem_per_block} B)"
+    )
+
+
+def _tag(spec: Spec, arch: Arch) -> str:
+    m, c = spec.model, spec.cache
+    dtype = {"bfloat16": "bf16", "float8_e4m3fn": "fp8"}[c.kv_dtype]
+    tree = f"st{spec.tree.nodes}" if spec.tree.is_static else f"t{spec.tree.nodes}"
+    return f"h{m.num_q_heads}_d{m.head_dim}_ps{c.page_size}_{dtype}_{tree}_{arch.name.replace('_', '')}"
+
+
+def _p(decl: str) -> Param:
+    ctype, name = decl.rsplit(" ", 1)
+    return Param(name, ctype)
+
+
+def _params(*decls: str) -> tuple[Param, ...]:
+    return tuple(_p(d) for d in decls)
+
+
+BF16 = "__nv_bfloat16"
+
+
+def _attention_constants(spec: Spec, t: AttentionTiles) -> dict[str, object]:
+    m = spec.model
+    return {
+        "HEADS": m.num_q_heads,
+        "D": m.head_dim,
+        "DV": m.value_dim,
+        "BM": t.bm,
+        "BN": t.bn,
+        "WARPS_M": t.warps_m,
+        "DIM_GROUPS": DIM_GROUPS,
+        "STAGES": t.stages,
+        "KV_ROW_PAD": KV_ROW_PAD,
+        "S_ROW_PAD": S_ROW_PAD,
+        "P_ROW_PAD": P_ROW_PAD,
+        "SCALE_LOG2": m.softmax_scale * LOG2E,
+    }
+
+
+def plan(spec: Spec, arch: str | Arch | None = None) -> Plan:
+    """Plan every kernel of `spec` for `arch` (default: the spec's target)."""
+    arch = get_arch(arch or spec.target.arch) if not isinstance(arch, Arch) else arch
+    tag = _tag(spec, arch)
+    m = spec.model
+    variants: list[Variant] = []
+
+    for dtype, ctype in (("bf16", BF16), ("f32", "float")):
+        variants.append(Variant(
+            kernel="lse_merge", name=f"lse_merge_{dtype}", template="lse_merge.cu.j2",
+            threads=256, smem_bytes=0, min_blocks=4,
+            constants={"T": ctype, "VEC": 8},
+            params=_params(f"const {ctype}* __restrict__ o_a", "const float* __restrict__ lse_a",
+                           f"const {ctype}* __restrict__ o_b", "const float* __restrict__ lse_b",
+                           f"{ctype}* __restrict__ o", "float* __restrict__ lse",
+                           "long long rows", "int width"),
+            tag=tag,
+        ))
+
+    variants.append(Variant(
+        kernel="kv_defrag", name="kv_defrag", template="kv_defrag.cu.j2",
+        threads=256, smem_bytes=0, min_blocks=4,
+        constants={},
+        params=_params("const long long* __restrict__ layers", "const long long* __restrict__ src",
+                       "const long long* __restrict__ dst", "const unsigned char* __restrict__ is_dst",
+                       "uint4* __restrict__ staging", "long long n", "int num_layers",
+                       "int row_chunks", "int phase"),
+        tag=tag,
+    ))
+
+    tiles = choose_attention_tiles(spec, arch)
+    smem = attention_smem_bytes(spec, tiles)
+    attn = _attention_constants(spec, tiles)
+
+    variants.append(Variant(
+        kernel="schedule", name="schedule", template="schedule.cu.j2",
+        threads=1024, smem_bytes=0, min_blocks=1,
+        constants={"HEADS": m.num_q_heads, "BM": tiles.bm, "BN": tiles.bn, "PAGE_SIZE": spec.cache.page_size},
+        params=_params("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens",
+                       "int batch", "int target_ctas", "int min_split_tiles", "int work_capacity",
+                       "int tree_capacity", "int total_tokens", "int max_nodes", "int validate",
+                       "int* __restrict__ error_flag", "int4* __restrict__ work",
+                       "int2* __restrict__ tree_work", "int4* __restrict__ req_meta"),
+        tag=tag,
+    ))
+
+    variants.append(Variant(
+        kernel="prefix_attn", name="prefix_attn", template="prefix_attn.cu.j2",
+        threads=tiles.threads, smem_bytes=smem, min_blocks=1,
+        constants={**attn, "PAGE_SIZE": spec.cache.page_size},
+        params=_params(f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ kv_cache",
+                       "const int* __restrict__ qo_indptr", "const int* __restrict__ kv_indptr",
+                       "const int* __restrict__ kv_indices", "const int* __restrict__ kv_lens",
+                       "const int4* __restrict__ work", "float* __restrict__ part_o",
+                       "float* __restrict__ part_lse", "long long num_slots", "int validate",
+                       "int* __restrict__ error_flag"),
+        tag=tag,
+    ))
+
+    tree_consts = {**attn, "MASK_WORDS": spec.tree.mask_words, "STATIC_TREE": int(spec.tree.is_static)}
+    if spec.tree.is_static:
+        from .mask import static_mask_words  # local: plan -> mask is only needed for static trees
+        tree_consts["STATIC_MASK"] = static_mask_words(spec.tree.parents)
+    variants.append(Variant(
+        kernel="tree_attn", name="tree_attn", template="tree_attn.cu.j2",
+        threads=tiles.threads, smem_bytes=smem, min_blocks=1,
+        constants=tree_consts,
+        params=_params(f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ k_tree",
+                       "const int* __restrict__ qo_indptr", "const int* __restrict__ tree_mask",
+                       "const int2* __restrict__ tree_work", "const int4* __restrict__ req_meta",
+                       "float* __restrict__ part_o", "float* __restrict__ part_lse"),
+        tag=tag,
+    ))
+
+    variants.append(Variant(
+        kernel="lse_merge", name="lse_combine", template="lse_combine.cu.j2",
+        threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
+        constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": tiles.bm},
+        params=_params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
+                       "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
+                       "int batch", "int tree_slot_base", f"{BF16}* __restrict__ o",
+                       "float* __restrict__ lse"),
+        tag=tag,
+    ))
+
+    for v in variants:
+        if v.smem_bytes > arch.smem_per_block:
+            raise PlanError(
+                f"{spec.name}: {v.name} needs {v.smem_bytes} B of shared memory per block; "
+                f"{arch.name} allows {arch.smem_per_block} B (over by {v.smem_bytes - arch.smem_per_block} B)"
+            )
+        warps = v.threads // 32
+        if warps * v.min_blocks > arch.max_warps_per_sm:
+            raise PlanError(f"{spec.name}: {v.name} wants {warps * v.min_blocks} warps per SM; "
+                            f"{arch.name} has {arch.max_warps_per_sm}")
+
+    budget = {"smem_per_block": arch.smem_per_block, "attention_smem": smem,
+              "attention_smem_headroom": arch.smem_per_block - smem}
+    return Plan(spec=spec, arch=arch, tiles=tiles, variants=tuple(variants), budget=budget)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def work_capacity(plan: Plan, total_tokens: int, batch: int, target_ctas: int) -> tuple[int, int]:
+    """Upper bounds, known on the host, of the scheduler's prefix and tree work items.
+
+    The scheduler picks a split of ceil(W / target) tiles, so prefix items number at most
+    target + sum_b mtiles_b, and sum_b mtiles_b <= ceil(total_tokens * H / BM) + batch.
+    """
+    mtiles = ceil_div(total_tokens * plan.spec.model.num_q_heads, plan.tiles.bm) + batch
+    return target_ctas + mtiles, mtiles
+

@@ -1,0 +1,183 @@
+"""The declarative spec: what model, cache, tree and target a kernel set is generated for.
+
+A spec is a frozen pydantic model loaded from YAML. Every field is checked here, and a bad
+value is reported as one line naming the file, the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import networkx as nx
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .arch import ARCHS
+from .errors import SpecError
+
+MAX_TREE_NODES = 1024
+KV_DTYPES = ("bfloat16",)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    """Absorbed-MLA dims of one GPU's shard of the model."""
+
+    num_q_heads: int = Field(ge=1, le=128)
+    kv_lora_rank: int = Field(ge=64, le=1024)
+    qk_rope_head_dim: int = Field(ge=64, le=256)
+    softmax_scale: float = Field(gt=0)
+
+    @field_validator("kv_lora_rank", "qk_rope_head_dim")
+    @classmethod
+    def _multiple_of_64(cls, v: int) -> int:
+        # The attention kernels split these dims over 4 warp groups of 16-wide MMA tiles.
+        if v % 64:
+            raise ValueError("must be a multiple of 64")
+        return v
+
+    @field_validator("softmax_scale")
+    @classmethod
+    def _finite(cls, v: float) -> float:
+        if not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    @property
+    def head_dim(self) -> int:
+        """Query/key width: latent + rope."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.kv_lora_rank
+
+
+class CacheSpec(_Strict):
+    page_size: int = Field(ge=1, le=1024)
+    kv_dtype: Literal[KV_DTYPES] = "bfloat16"  # type: ignore[valid-type]
+
+    @field_validator("page_size")
+    @classmethod
+    def _power_of_two(cls, v: int) -> int:
+        if v & (v - 1):
+            raise ValueError("must be a power of two (1, 2, 4, ... 1024)")
+        return v
+
+
+class TreeSpec(_Strict):
+    """Either a dynamic tree (mask given per call, up to max_nodes) or a static one (parents)."""
+
+    max_nodes: int | None = Field(default=None, ge=1, le=MAX_TREE_NODES)
+    parents: tuple[int, ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> "TreeSpec":
+        if self.parents is None:
+            if self.max_nodes is None:
+                raise ValueError("give max_nodes (dynamic tree) or parents (static tree)")
+            return self
+        n = len(self.parents)
+        if not 1 <= n <= MAX_TREE_NODES:
+            raise ValueError(f"parents must list 1 to {MAX_TREE_NODES} nodes, got {n}")
+        if self.max_nodes is not None and self.max_nodes != n:
+            raise ValueError(f"max_nodes {self.max_nodes} disagrees with the {n} nodes of parents")
+        _check_tree(self.parents)
+        return self
+
+    @property
+    def nodes(self) -> int:
+        return len(self.parents) if self.parents is not None else self.max_nodes  # type: ignore[return-value]
+
+    @property
+    def is_static(self) -> bool:
+        return self.parents is not None
+
+    @property
+    def mask_words(self) -> int:
+        """int32 words per tree_mask row."""
+        return (self.nodes + 31) // 32
+
+
+def _check_tree(parents: tuple[int, ...]) -> None:
+    n = len(parents)
+    bad = [p for p in parents if p != -1 and not 0 <= p < n]
+    if bad:
+        raise ValueError(f"parent {bad[0]} is not a node index (0..{n - 1}) or -1")
+    graph = nx.DiGraph()
+    graph.add_nodes_from(range(n))
+    graph.add_edges_from((p, i) for i, p in enumerate(parents) if p != -1)
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        path = " -> ".join(str(u) for u, _ in cycle) + f" -> {cycle[0][0]}"
+        raise ValueError(f"parents form a cycle ({path})")
+    roots = [i for i, p in enumerate(parents) if p == -1]
+    if len(roots) != 1:
+        raise ValueError(f"a tree has exactly one root (parent -1), found {len(roots)}: nodes {roots}")
+    late = [(i, p) for i, p in enumerate(parents) if p >= i]
+    if late:
+        i, p = late[0]
+        raise ValueError(f"node {i} has parent {p}: parents must come before their children")
+    assert nx.is_arborescence(graph)
+
+
+class TargetSpec(_Strict):
+    arch: str
+
+    @field_validator("arch")
+    @classmethod
+    def _known_arch(cls, v: str) -> str:
+        if v not in ARCHS:
+            raise ValueError(f"unknown arch; known: {', '.join(sorted(ARCHS))}")
+        return v
+
+
+class Spec(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")
+    model: ModelSpec
+    cache: CacheSpec
+    tree: TreeSpec
+    target: TargetSpec
+
+
+def _describe(err: dict, source: str) -> str:
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    if err["type"] == "extra_forbidden":
+        return f"{source}: {loc}: unknown key"
+    if err["type"] == "missing":
+        return f"{source}: {loc}: required field is missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{source}: {loc} = {err.get('input')!r}: {msg}"
+
+
+def parse_spec(data: object, source: str = "<spec>") -> Spec:
+    """Validate a mapping (already parsed YAML) into a Spec; errors name `source`."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a spec is a YAML mapping, got {type(data).__name__}")
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        lines = [_describe(err, source) for err in e.errors()]
+        raise SpecError("; ".join(lines)) from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Load and validate a spec file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read spec ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    return parse_spec(data, str(path))
