@@ -29,7 +29,7 @@ err_console = Console(stderr=True)
 
 
 def _fail(e: Exception) -> None:
-    err_console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False)
+    err_console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
     detail = str(e).splitlines()[1:]
     if detail:
         err_console.print("\n".join(detail), highlight=False, markup=False)

@@ -1,0 +1,109 @@
+"""Render + NVRTC compile of every shipped spec (CPU only: NVRTC from pip needs no GPU)."""
+
+from pathlib import Path
+
+import pytest
+
+import kgen
+from kgen.build import build
+from kgen.cache import KernelCache
+from kgen.errors import CompileError, PlanError
+from kgen.nvrtc import compile_cubin, parse_report
+from kgen.plan import AttentionTiles, attention_smem_bytes, plan
+from kgen.render import generated_files, render
+from kgen.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted((ROOT / "specs").glob("*.yaml"))
+SM120_SMEM = 99 * 1024
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return KernelCache(tmp_path_factory.mktemp("kgen-cache"))
+
+
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_kernel_compiles_without_spills(path, arch, cache):
+    p = plan(kgen.load_spec(path))
+    built = build(p, [arch], cache)
+    assert {b.variant.kernel for b in built} == {"prefix_attn", "tree_attn", "lse_merge", "kv_defrag", "schedule"}
+    for b in built:
+        assert b.cubin[:4] == b"\x7fELF", b.variant.name
+        assert b.report.spill_bytes == 0, (b.variant.name, b.report)
+        if arch == "sm_120":
+            assert b.smem_bytes <= SM120_SMEM, (b.variant.name, b.smem_bytes)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_generated_sources_match_golden(path):
+    """generated/<name>/ is exactly what rendering the shipped spec gives (run `kgen build` to update)."""
+    p = plan(kgen.load_spec(path))
+    out = ROOT / "generated" / p.spec.name
+    files = generated_files(p)
+    on_disk = {f.relative_to(out).as_posix() for f in out.rglob("*") if f.is_file()}
+    assert on_disk == set(files), "generated/ is stale: run kgen build " + str(path.relative_to(ROOT))
+    for rel, text in files.items():
+        assert (out / rel).read_text() == text, f"{rel} differs: run kgen build {path.relative_to(ROOT)}"
+
+
+def test_plan_respects_sm120_budget_and_refuses_overrun():
+    spec = kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml")
+    p = plan(spec)
+    assert attention_smem_bytes(spec, p.tiles) <= SM120_SMEM
+    assert plan(spec, "sm_90").tiles.stages > p.tiles.stages  # the H200 affords a deeper ring
+    too_big = AttentionTiles(bm=32, bn=32, warps_m=2, stages=4)
+    assert attention_smem_bytes(spec, too_big) > SM120_SMEM
+    wide = parse_spec({**spec.model_dump(), "model": {**spec.model.model_dump(), "kv_lora_rank": 1024,
+                                                       "qk_rope_head_dim": 256}})
+    with pytest.raises(PlanError, match=r"allows 101376 B \(over by \d+ B\)"):
+        plan(wide)
+
+
+def test_rendered_source_injects_plan_values():
+    p = plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"))
+    v = p.variant("prefix_attn")
+    src = render(v)
+    assert f'extern "C" __global__ void __launch_bounds__({v.threads}, {v.min_blocks}) {v.variant_id}(' in src
+    assert "static_assert(Cfg::SMEM_BYTES == 96000" in src and "constexpr int PAGE_SIZE = 1;" in src
+    assert v.variant_id.startswith("prefix_attn__h8_d576_ps1_bf16_t64_sm120__")
+
+
+def test_variant_ids_are_unique_and_change_with_the_plan():
+    spec = kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml")
+    ids = [v.variant_id for v in plan(spec).variants]
+    assert len(set(ids)) == len(ids)
+    other = parse_spec({**spec.model_dump(), "cache": {"page_size": 64, "kv_dtype": "bfloat16"}})
+    assert plan(other).variant("prefix_attn").variant_id != plan(spec).variant("prefix_attn").variant_id
+
+
+def test_compile_error_names_kernel_and_arch_and_keeps_source(tmp_path):
+    p = plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"))
+    v = p.variant("lse_merge_f32")
+    broken = render(v).replace("kgen::merge_two", "kgen::no_such_function")
+    with pytest.raises(CompileError, match="compiling lse_merge_f32.cu for sm_120") as e:
+        compile_cubin(broken, {}, "sm_120", v.variant_id, "lse_merge_f32.cu")
+    assert "error" in str(e.value).lower()
+
+
+def test_build_keeps_failed_source(tmp_path, monkeypatch):
+    import kgen.build as kbuild
+
+    p = plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"))
+    v = p.variant("lse_merge_f32")
+    monkeypatch.setattr(kbuild, "render", lambda var: "this is not C++;")
+    with pytest.raises(CompileError) as e:
+        kbuild.build_variant(v, "sm_120", KernelCache(tmp_path))
+    kept = tmp_path / "failed" / f"{v.variant_id}.sm_120.cu"
+    assert kept.read_text() == "this is not C++;" and str(kept) in str(e.value)
+    assert "lse_merge_f32 for sm_120" in str(e.value)
+
+
+def test_ptxas_report_parsing():
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_120'\nptxas info    : Function properties for k\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers, 136 bytes smem\n")
+    r = parse_report(log, "k")
+    assert (r.registers, r.spill_stores, r.spill_loads, r.stack_bytes, r.static_smem) == (168, 4, 12, 8, 136)
+    assert r.spill_bytes == 16

@@ -1,0 +1,128 @@
+"""The content-addressed cubin cache: hits, misses, damage, env switches, concurrent builders."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import kgen
+from kgen.build import build, build_variant
+from kgen.cache import KernelCache, cache_key
+from kgen.errors import CacheMissError
+from kgen.plan import plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "specs" / "glm5_sm120.yaml"
+
+
+@pytest.fixture
+def variant():
+    return plan(kgen.load_spec(SPEC)).variant("lse_merge_f32")
+
+
+def test_second_build_hits(tmp_path, variant):
+    cache = KernelCache(tmp_path)
+    first = build_variant(variant, "sm_120", cache)
+    second = build_variant(variant, "sm_120", cache)
+    assert (first.status, second.status) == ("compiled", "cached")
+    assert first.cubin == second.cubin and first.report == second.report
+
+
+@pytest.mark.parametrize("damage", ["truncate_cubin", "garbage_meta", "drop_meta", "flip_byte"])
+def test_damaged_entry_is_detected_and_rebuilt(tmp_path, variant, damage):
+    cache = KernelCache(tmp_path)
+    good = build_variant(variant, "sm_120", cache)
+    entry = next(p for p in (tmp_path / "v1").glob("*/*") if p.is_dir())
+    cubin = entry / "kernel.cubin"
+    if damage == "truncate_cubin":
+        cubin.write_bytes(cubin.read_bytes()[: len(good.cubin) // 2])
+    elif damage == "garbage_meta":
+        (entry / "meta.json").write_text("{not json")
+    elif damage == "drop_meta":
+        (entry / "meta.json").unlink()
+    else:
+        data = bytearray(cubin.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        cubin.write_bytes(bytes(data))
+    again = build_variant(variant, "sm_120", cache)
+    assert again.status == "compiled" and again.cubin == good.cubin
+    assert build_variant(variant, "sm_120", cache).status == "cached"
+
+
+def test_disable_jit_turns_a_miss_into_an_error(tmp_path, variant, monkeypatch):
+    cache = KernelCache(tmp_path)
+    monkeypatch.setenv("KGEN_DISABLE_JIT", "1")
+    with pytest.raises(CacheMissError, match="KGEN_DISABLE_JIT=1"):
+        build_variant(variant, "sm_120", cache)
+    monkeypatch.delenv("KGEN_DISABLE_JIT")
+    build_variant(variant, "sm_120", cache)
+    monkeypatch.setenv("KGEN_DISABLE_JIT", "1")
+    assert build_variant(variant, "sm_120", cache).status == "cached"
+
+
+def test_always_compile_rebuilds(tmp_path, variant, monkeypatch):
+    cache = KernelCache(tmp_path)
+    build_variant(variant, "sm_120", cache)
+    monkeypatch.setenv("KGEN_ALWAYS_COMPILE", "1")
+    assert build_variant(variant, "sm_120", cache).status == "compiled"
+    assert len([p for p in (tmp_path / "v1").glob("*/*") if p.is_dir()]) == 1
+
+
+def test_key_covers_every_input():
+    base = dict(source="s", headers={"kgen/a.cuh": "x"}, nvrtc_version="13.0", options=["-O3"], arch="sm_120")
+    keys = {cache_key(**base)}
+    for change in ({"source": "t"}, {"headers": {"kgen/a.cuh": "y"}}, {"headers": {"kgen/b.cuh": "x"}},
+                   {"nvrtc_version": "13.1"}, {"options": ["-O2"]}, {"arch": "sm_90"}):
+        keys.add(cache_key(**{**base, **change}))
+    assert len(keys) == 7
+
+
+def test_info_and_clear(tmp_path, variant):
+    cache = KernelCache(tmp_path)
+    build_variant(variant, "sm_120", cache)
+    build_variant(variant, "sm_90", cache)
+    assert cache.info()["entries"] == 2
+    assert cache.clear() == 2 and cache.info()["entries"] == 0
+
+
+def _kgen(args, cache_dir, out_dir):
+    env = {**os.environ, "KGEN_CACHE_DIR": str(cache_dir)}
+    return subprocess.Popen([sys.executable, "-m", "kgen", "build", str(SPEC), "--json", "--out", str(out_dir), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_eight_processes_compile_each_variant_once(tmp_path):
+    procs = [_kgen([], tmp_path / "cache", tmp_path / f"gen{i}") for i in range(8)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    rows = [row for out, _ in outs for row in json.loads(out)]
+    compiled = Counter(r["variant_id"] for r in rows if r["status"] == "compiled")
+    variants = {r["variant_id"] for r in rows}
+    assert len(rows) == 8 * len(variants)
+    assert compiled == Counter({v: 1 for v in variants}), compiled
+
+
+def test_cached_build_is_fast_and_all_cached(tmp_path):
+    first = _kgen([], tmp_path / "cache", tmp_path / "gen")
+    first.communicate(timeout=600)
+    start = time.perf_counter()
+    second = _kgen([], tmp_path / "cache", tmp_path / "gen")
+    out, err = second.communicate(timeout=600)
+    elapsed = time.perf_counter() - start
+    assert second.returncode == 0, err
+    assert {r["status"] for r in json.loads(out)} == {"cached"}
+    assert elapsed < 2.0, f"cached build took {elapsed:.2f} s"
+
+
+def test_build_writes_sources_and_manifest(tmp_path):
+    p = plan(kgen.load_spec(SPEC))
+    proc = _kgen([], tmp_path / "cache", tmp_path / "gen")
+    proc.communicate(timeout=600)
+    manifest = json.loads((tmp_path / "gen" / p.spec.name / "manifest.json").read_text())
+    assert [v["variant_id"] for v in manifest["variants"]] == [v.variant_id for v in p.variants]
+    assert build(p, ["sm_120"], KernelCache(tmp_path / "cache"))[0].status == "cached"
