@@ -14,7 +14,7 @@ import torch
 from . import checks
 from .arch import arch_for_capability
 from .build import build
-from .plan import Plan, ceil_div, plan, work_capacity
+from .plan import AttentionTiles, Plan, ceil_div, plan, work_capacity
 from .runtime import Kernel
 from .spec import Spec
 
@@ -27,14 +27,14 @@ def _validate() -> bool:
 
 
 class Module:
-    def __init__(self, spec: Spec, device: torch.device | str | None = None):
+    def __init__(self, spec: Spec, device: torch.device | str | None = None, tiles: AttentionTiles | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("kgen.jit needs a CUDA GPU (torch.cuda.is_available() is False)")
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.spec = spec
-        self.plan: Plan = plan(spec)  # the spec's target plan, compiled for the GPU present
+        self.plan: Plan = plan(spec, tiles=tiles)  # the spec's target plan, compiled for the GPU present
         props = torch.cuda.get_device_properties(self.device)
         self.arch = arch_for_capability(props.major, props.minor)
         self.sm_count = props.multi_processor_count
@@ -83,7 +83,7 @@ class Module:
 
         validate = _validate()
         error = torch.zeros(1, dtype=torch.int32, device=dev)
-        target = self.sm_count  # attention CTAs use ~96 KB of shared memory: one per SM
+        target = self.sm_count * self.plan.tiles.min_blocks  # one wave of attention CTAs
         cap, tree_cap = work_capacity(self.plan, total, batch, target)
         work = torch.empty(cap, 4, dtype=torch.int32, device=dev)
         tree_work = torch.empty(tree_cap, 2, dtype=torch.int32, device=dev)

@@ -59,6 +59,7 @@ class AttentionTiles:
     bn: int  # KV rows per pipeline stage
     warps_m: int  # warps along rows; DIM_GROUPS warps along dims
     stages: int
+    min_blocks: int = 1  # CTAs per SM the plan is built for (__launch_bounds__ minimum)
 
     @property
     def threads(self) -> int:
@@ -88,8 +89,9 @@ def attention_smem_bytes(spec: Spec, t: AttentionTiles) -> int:
     p = t.bm * (t.bn + P_ROW_PAD) * 2
     stats = 2 * t.bm * 4  # per-row rescale factor and final 1/l
     q_stage = t.bm * (d + KV_ROW_PAD) * 2  # Q is staged once through the KV buffers
-    if q_stage > kv:
-        raise PlanError(f"Q tile ({q_stage} B) does not fit in the KV staging buffers ({kv} B)")
+    if t.bm % 16 or t.bm % t.warps_m or (t.bm // t.warps_m) % 16 or t.bn % 16 or q_stage > kv:
+        raise PlanError(f"attention tiles {t}: need BM, BN multiples of 16, whole 16-row tiles per warp, "
+                        f"and Q ({q_stage} B) within the KV staging buffers ({kv} B)")
     return kv + s_part + p + stats
 
 
@@ -150,8 +152,9 @@ def _attention_constants(spec: Spec, t: AttentionTiles) -> dict[str, object]:
     }
 
 
-def plan(spec: Spec, arch: str | Arch | None = None) -> Plan:
-    """Plan every kernel of `spec` for `arch` (default: the spec's target)."""
+def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | None = None) -> Plan:
+    """Plan every kernel of `spec` for `arch` (default: the spec's target). `tiles` overrides the
+    attention tiling (for tuning); it is still checked against the arch's limits."""
     arch = get_arch(arch or spec.target.arch) if not isinstance(arch, Arch) else arch
     tag = _tag(spec, arch)
     m = spec.model
@@ -180,8 +183,13 @@ def plan(spec: Spec, arch: str | Arch | None = None) -> Plan:
         tag=tag,
     ))
 
-    tiles = choose_attention_tiles(spec, arch)
+    tiles = tiles or choose_attention_tiles(spec, arch)
     smem = attention_smem_bytes(spec, tiles)
+    per_sm = arch.smem_per_sm // (smem + arch.smem_reserved_per_block)
+    if per_sm < tiles.min_blocks:
+        raise PlanError(f"{spec.name}: {tiles.min_blocks} attention CTAs per SM need "
+                        f"{tiles.min_blocks * (smem + arch.smem_reserved_per_block)} B of shared memory; "
+                        f"{arch.name} has {arch.smem_per_sm} B per SM")
     attn = _attention_constants(spec, tiles)
 
     variants.append(Variant(
@@ -198,7 +206,7 @@ def plan(spec: Spec, arch: str | Arch | None = None) -> Plan:
 
     variants.append(Variant(
         kernel="prefix_attn", name="prefix_attn", template="prefix_attn.cu.j2",
-        threads=tiles.threads, smem_bytes=smem, min_blocks=1,
+        threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
         constants={**attn, "PAGE_SIZE": spec.cache.page_size},
         params=_params(f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ kv_cache",
                        "const int* __restrict__ qo_indptr", "const int* __restrict__ kv_indptr",
@@ -215,7 +223,7 @@ def plan(spec: Spec, arch: str | Arch | None = None) -> Plan:
         tree_consts["STATIC_MASK"] = static_mask_words(spec.tree.parents)
     variants.append(Variant(
         kernel="tree_attn", name="tree_attn", template="tree_attn.cu.j2",
-        threads=tiles.threads, smem_bytes=smem, min_blocks=1,
+        threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
         constants=tree_consts,
         params=_params(f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ k_tree",
                        "const int* __restrict__ qo_indptr", "const int* __restrict__ tree_mask",
