@@ -9,6 +9,26 @@ static_assert(Cfg::SMEM_BYTES == 96000, "plan and kernel disagree on shared memo
 static_assert(Cfg::THREADS == 256, "plan and kernel disagree on threads");
 constexpr int PAGE_SIZE = 1;
 
+// Prefix token t of a request lives at slot page_ids[t / PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE.
+struct PagedRows {
+    const kgen::bf16* kv_cache;
+    const int* page_ids;  // this request's pages
+    int pages;
+    long long num_slots;
+    int validate;
+    int* error_flag;
+
+    __device__ __forceinline__ int fetch(int t) const { return page_ids[t / PAGE_SIZE]; }
+    __device__ __forceinline__ const kgen::bf16* row(int t, int page) const {
+        long long slot = (long long)page * PAGE_SIZE + t % PAGE_SIZE;
+        if (validate && (t / PAGE_SIZE >= pages || slot < 0 || slot >= num_slots)) {
+            atomicOr(error_flag, 2);
+            slot = 0;
+        }
+        return kv_cache + slot * Cfg::D;
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(256, 1) prefix_attn__h16_d576_ps1_bf16_t1024_sm120__c0503e130a26(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
@@ -29,20 +49,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) prefix_attn__h16_d576_ps1_b
     const int qo0 = qo_indptr[b];
     const long long row0 = (long long)qo0 * Cfg::HEADS + row_tile * Cfg::BM;  // row of q viewed as [sum T * H, D]
     const int rows = (qo_indptr[b + 1] - qo0) * Cfg::HEADS - row_tile * Cfg::BM;
-    const int page0 = kv_indptr[b], pages = kv_indptr[b + 1] - page0;
-    const int* page_ids = kv_indices + page0;
-
-    auto q_row = [&](int r) { return q + (row0 + r) * Cfg::D; };
-    auto key_row = [&](int t) {
-        const int page = t / PAGE_SIZE;
-        long long slot = (long long)page_ids[page] * PAGE_SIZE + t % PAGE_SIZE;
-        if (validate && (page >= pages || slot < 0 || slot >= num_slots)) {
-            atomicOr(error_flag, 2);
-            slot = 0;
-        }
-        return kv_cache + slot * Cfg::D;
-    };
+    const int page0 = kv_indptr[b];
+    const kgen::ContiguousRows<Cfg::D> q_rows{q + row0 * Cfg::D};
+    const PagedRows keys{kv_cache, kv_indices + page0, kv_indptr[b + 1] - page0, num_slots, validate, error_flag};
     auto sees_all = [](int, int) { return true; };
-    kgen::attend<Cfg>(smem, q_row, rows, key_row, kv_lens[b], sees_all, item.z, item.w, 0.09016844005556021f,
+    kgen::attend<Cfg>(smem, q_rows, rows, keys, kv_lens[b], sees_all, item.z, item.w, 0.09016844005556021f,
                       part_o + (long long)blockIdx.x * Cfg::BM * Cfg::DV, part_lse + (long long)blockIdx.x * Cfg::BM);
 }

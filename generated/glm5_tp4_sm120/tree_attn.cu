@@ -26,15 +26,15 @@ extern "C" __global__ void __launch_bounds__(256, 1) tree_attn__h16_d576_ps1_bf1
     const long long row0 = (long long)qo0 * Cfg::HEADS + row_tile * Cfg::BM;
     const int rows = tokens * Cfg::HEADS - row_tile * Cfg::BM;
 
-    auto q_row = [&](int r) { return q + (row0 + r) * Cfg::D; };
-    auto key_row = [&](int t) { return k_tree + ((long long)qo0 + t) * Cfg::D; };
+    const kgen::ContiguousRows<Cfg::D> q_rows{q + row0 * Cfg::D};
+    const kgen::ContiguousRows<Cfg::D> keys{k_tree + (long long)qo0 * Cfg::D};
     auto visible = [&](int r, int t) {
         if (r >= rows) return false;  // padding row: its token is not in this request
         const int token = (row_tile * Cfg::BM + r) / Cfg::HEADS;
         const unsigned word = static_cast<unsigned>(tree_mask[((long long)qo0 + token) * MASK_WORDS + (t >> 5)]);
         return ((word >> (t & 31)) & 1u) != 0;
     };
-    kgen::attend<Cfg>(smem, q_row, rows, key_row, tokens, visible, 0, (tokens + Cfg::BN - 1) / Cfg::BN,
+    kgen::attend<Cfg>(smem, q_rows, rows, keys, tokens, visible, 0, (tokens + Cfg::BN - 1) / Cfg::BN,
                       0.09016844005556021f, part_o + (long long)blockIdx.x * Cfg::BM * Cfg::DV,
                       part_lse + (long long)blockIdx.x * Cfg::BM);
 }

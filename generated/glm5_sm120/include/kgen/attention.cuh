@@ -43,34 +43,60 @@ struct AttnConfig {
     // Loader: each thread copies 16-byte chunks of one row per tile.
     static constexpr int ROW_CHUNKS = D * 2 / 16;
     static constexpr int LOADERS_PER_ROW = THREADS / BN;
-    static constexpr int CHUNKS_PER_LOADER = ROW_CHUNKS / LOADERS_PER_ROW;
+    static constexpr int CHUNKS_PER_LOADER = (ROW_CHUNKS + LOADERS_PER_ROW - 1) / LOADERS_PER_ROW;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = THREADS / BM;
     static constexpr int RED_COLS = BN / RED_THREADS;
 
     static_assert(M_TILES >= 1 && WARP_ROWS % 16 == 0, "each warp owns whole 16-row MMA tiles");
     static_assert(DV_G % 16 == 0 && ROPE_G % 16 == 0, "dim groups must be whole k16 steps");
-    static_assert(BN % 16 == 0 && THREADS % BN == 0 && ROW_CHUNKS % LOADERS_PER_ROW == 0, "loader shape");
-    static_assert(BM <= BN, "Q is staged through the KV ring with the KV loader");
-    static_assert(THREADS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS == 4, "softmax layout");
+    static_assert(BN % 16 == 0 && THREADS % BN == 0, "loader shape");
+    static_assert(BM <= STAGES * BN, "Q is staged through the KV ring");
+    static_assert(THREADS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
 };
 
-// Copy one tile of BN rows into a staging buffer: row j < limit comes from row_ptr(j), the
-// rest are zero-filled (so padding rows can never inject NaN/Inf into the MMAs).
-template <class C, class RowPtr>
-__device__ __forceinline__ void load_rows(bf16* buf, int tile_row0, int limit, RowPtr row_ptr) {
-    const int row = threadIdx.x / C::LOADERS_PER_ROW;
+// The row this thread copies in each tile (LOADERS_PER_ROW threads share a row).
+template <class C>
+__device__ __forceinline__ int loader_row() { return threadIdx.x / C::LOADERS_PER_ROW; }
+
+// A row source (Rows) has fetch(j) -> int, which may read global memory (a page id), and
+// row(j, fetched) -> pointer, which must not. The loader fetches a tile ahead so that the
+// global load is in flight for a whole tile before its value is used.
+struct PendingRow {
+    int j;        // row index within the range, or -1 past its end (the row is zero-filled)
+    int fetched;  // what Rows::fetch(j) returned
+};
+
+template <class C, class Rows>
+__device__ __forceinline__ PendingRow fetch_row(int row0, int limit, const Rows& rows) {
+    const int j = row0 + loader_row<C>();
+    return j < limit ? PendingRow{j, rows.fetch(j)} : PendingRow{-1, 0};
+}
+
+// Copy this thread's 16-byte chunks of its row into a staging buffer with cp.async; a row past
+// the end is zero-filled, so padding can never inject NaN/Inf into the MMAs.
+template <class C, class Rows>
+__device__ __forceinline__ void load_row(bf16* buf, PendingRow p, const Rows& rows) {
+    const bool valid = p.j >= 0;
+    const bf16* base = valid ? rows.row(p.j, p.fetched) : reinterpret_cast<const bf16*>(buf);  // unread if !valid
+    bf16* dst = buf + loader_row<C>() * C::KV_STRIDE;
     const int lane_chunk = threadIdx.x % C::LOADERS_PER_ROW;
-    const bool valid = tile_row0 + row < limit;
-    const bf16* base = valid ? row_ptr(tile_row0 + row) : reinterpret_cast<const bf16*>(buf);  // unread if !valid
-    bf16* dst = buf + row * C::KV_STRIDE;
 #pragma unroll
     for (int i = 0; i < C::CHUNKS_PER_LOADER; ++i) {
         const int c = lane_chunk + i * C::LOADERS_PER_ROW;
-        cp_async_16(dst + c * 8, valid ? base + c * 8 : base, valid);
+        if (C::ROW_CHUNKS % C::LOADERS_PER_ROW == 0 || c < C::ROW_CHUNKS)
+            cp_async_16(dst + c * 8, valid ? base + c * 8 : base, valid);
     }
 }
+
+// Rows of a contiguous [rows, D] matrix starting at `base` (queries, tree keys).
+template <int D>
+struct ContiguousRows {
+    const bf16* base;
+    __device__ __forceinline__ int fetch(int) const { return 0; }
+    __device__ __forceinline__ const bf16* row(int j, int) const { return base + (long long)j * D; }
+};
 
 // Key dim of this warp group's k-step `ks`: its value/latent slice first, then its rope slice.
 template <class C>
@@ -80,12 +106,12 @@ __device__ __forceinline__ int key_dim(int group, int ks) {
 
 // Attention of this CTA's BM query rows over key rows [tile_begin*BN, tile_end*BN) of a range
 // of num_keys keys.
-//   q_row(r):      pointer to query row r (called for r < num_rows; later rows are padding)
-//   key_row(t):    pointer to key/value row t of the range (called for t < num_keys)
+//   q_rows:        row source of the queries (rows >= num_rows are padding)
+//   keys:          row source of the key/value rows of the range (rows < num_keys)
 //   visible(r, t): whether query row r sees key t < num_keys
 // Writes part_o[BM][DV] (normalized) and part_lse[BM] (natural log; -inf for rows that saw nothing).
-template <class C, class QRow, class KeyRow, class Visible>
-__device__ __forceinline__ void attend(char* smem, QRow q_row, int num_rows, KeyRow key_row, int num_keys,
+template <class C, class QRows, class Keys, class Visible>
+__device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_rows, const Keys& keys, int num_keys,
                                        Visible visible, int tile_begin, int tile_end, float scale_log2, float* __restrict__ part_o,
                                        float* __restrict__ part_lse) {
     bf16* kv = reinterpret_cast<bf16*>(smem);
@@ -100,7 +126,9 @@ __device__ __forceinline__ void attend(char* smem, QRow q_row, int num_rows, Key
     const int g = lane / 4, q4 = lane % 4;       // mma fragment coordinates
 
     // Q fragments for this warp's rows and key dims, staged once through the KV ring.
-    load_rows<C>(kv, 0, num_rows < C::BM ? num_rows : C::BM, q_row);
+#pragma unroll
+    for (int r0 = 0; r0 < C::BM; r0 += C::BN)
+        load_row<C>(kv + r0 * C::KV_STRIDE, fetch_row<C>(r0, num_rows < C::BM ? num_rows : C::BM, q_rows), q_rows);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -129,28 +157,33 @@ __device__ __forceinline__ void attend(char* smem, QRow q_row, int num_rows, Key
 
     auto stage = [&](int tile) { return kv + (tile % C::STAGES) * C::BN * C::KV_STRIDE; };
     for (int t = tile_begin; t < tile_begin + C::STAGES - 1; ++t) {
-        if (t < tile_end) load_rows<C>(stage(t), t * C::BN, num_keys, key_row);
+        if (t < tile_end) load_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys);
         cp_async_commit();
     }
+    PendingRow next_row = fetch_row<C>((tile_begin + C::STAGES - 1) * C::BN, num_keys, keys);
 
     for (int tile = tile_begin; tile < tile_end; ++tile) {
         cp_async_wait<C::STAGES - 2>();
         __syncthreads();  // tile is staged; everyone is done with the buffer refilled next
         {
             const int next = tile + C::STAGES - 1;
-            if (next < tile_end) load_rows<C>(stage(next), next * C::BN, num_keys, key_row);
+            if (next < tile_end) load_row<C>(stage(next), next_row, keys);
             cp_async_commit();
+            next_row = fetch_row<C>((next + 1) * C::BN, num_keys, keys);
         }
         const bf16* kt = stage(tile);
 
-        // 1. Partial scores over this group's key dims.
-        float s_acc[C::M_TILES][C::BN / 8][4];
+        // 1. Partial scores over this group's key dims. Even and odd k-steps accumulate
+        // separately: twice the independent MMA chains to cover the tensor pipe's latency.
+        float s_acc[2][C::M_TILES][C::BN / 8][4];
 #pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int n = 0; n < C::BN / 8; ++n)
+            for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
-                for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = 0.f;
+                for (int n = 0; n < C::BN / 8; ++n)
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) s_acc[h][mt][n][k] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < C::K_STEPS; ++ks) {
             const int k0 = key_dim<C>(group, ks);
@@ -161,8 +194,8 @@ __device__ __forceinline__ void attend(char* smem, QRow q_row, int num_rows, Key
                 ldmatrix_x4(b, kt + n * C::KV_STRIDE + k0 + ((lane / 8) % 2) * 8);
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; ++mt) {
-                    mma_16816(s_acc[mt][2 * np], qf[mt][ks], b[0], b[1]);
-                    mma_16816(s_acc[mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
+                    mma_16816(s_acc[ks % 2][mt][2 * np], qf[mt][ks], b[0], b[1]);
+                    mma_16816(s_acc[ks % 2][mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
                 }
             }
         }
@@ -170,10 +203,12 @@ __device__ __forceinline__ void attend(char* smem, QRow q_row, int num_rows, Key
         for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
             for (int n = 0; n < C::BN / 8; ++n) {
+                const float* a = s_acc[0][mt][n];
+                const float* o = s_acc[1][mt][n];
                 const int r = wrow0 + mt * 16 + g, c = n * 8 + 2 * q4;
                 float* dst = s_part + (group * C::BM + r) * C::S_STRIDE + c;
-                *reinterpret_cast<float2*>(dst) = make_float2(s_acc[mt][n][0], s_acc[mt][n][1]);
-                *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(s_acc[mt][n][2], s_acc[mt][n][3]);
+                *reinterpret_cast<float2*>(dst) = make_float2(a[0] + o[0], a[1] + o[1]);
+                *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2] + o[2], a[3] + o[3]);
             }
         __syncthreads();
 
@@ -184,8 +219,12 @@ __device__ __forceinline__ void attend(char* smem, QRow q_row, int num_rows, Key
             for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
 #pragma unroll
             for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
-                const float4 v = *reinterpret_cast<const float4*>(s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0);
-                s[0] += v.x; s[1] += v.y; s[2] += v.z; s[3] += v.w;
+                const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
+#pragma unroll
+                for (int c = 0; c < C::RED_COLS; c += 2) {
+                    const float2 v = *reinterpret_cast<const float2*>(part + c);
+                    s[c] += v.x; s[c + 1] += v.y;
+                }
             }
             float tile_max = neg_inf();
 #pragma unroll
@@ -209,8 +248,9 @@ __device__ __forceinline__ void attend(char* smem, QRow q_row, int num_rows, Key
             for (int off = 1; off < C::RED_THREADS; off *= 2) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, off);
             row_sum = row_sum * alpha + tile_sum;
             row_max = new_max;
-            uint2 packed = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
-            *reinterpret_cast<uint2*>(p_smem + red_row * C::P_STRIDE + red_col0) = packed;
+#pragma unroll
+            for (int c = 0; c < C::RED_COLS; c += 2)
+                *reinterpret_cast<unsigned*>(p_smem + red_row * C::P_STRIDE + red_col0 + c) = pack_bf16x2(p[c], p[c + 1]);
             if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[red_row] = alpha;
         }
         __syncthreads();
