@@ -181,7 +181,7 @@ class Module:
         if _validate():
             self._validate_moves(src, dst, num_slots)
         is_dst = torch.zeros(num_slots, dtype=torch.uint8, device=self.device)
-        is_dst[dst] = 1
+        is_dst.index_fill_(0, dst, 1)  # a scalar fill: no host-to-device copy (graph capture)
         num_layers = layers.numel()
         row_chunks = row_bytes // 16
         group = max(1, min(num_layers, DEFRAG_STAGING_BYTES // max(1, n * row_bytes)))

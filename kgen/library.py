@@ -1,0 +1,103 @@
+"""torch.ops.kgen.*: the ops as PyTorch custom ops with fake (meta) implementations, so that
+torch.compile and torch.library.opcheck see through them.
+
+The ops are per spec (their kernels are generated for it): each takes the spec's name, and
+runs on the Module that kgen.jit(spec) registered for that name on the input's device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops import Module
+from .spec import Spec
+
+_specs: dict[str, Spec] = {}
+_modules: dict[tuple[str, int], Module] = {}
+
+
+def register_spec(spec: Spec) -> None:
+    """Make the fake implementations know `spec` (enough for tracing with fake tensors)."""
+    if _specs.get(spec.name, spec) != spec:
+        raise ValueError(f"spec_name: another spec named {spec.name!r} is already registered")
+    _specs[spec.name] = spec
+
+
+def register(module: Module) -> None:
+    register_spec(module.spec)
+    _modules[(module.spec.name, module.device.index)] = module
+
+
+def module_for(spec_name: str, device: torch.device) -> Module:
+    try:
+        return _modules[(spec_name, device.index)]
+    except KeyError:
+        raise ValueError(f"spec_name: no kgen module {spec_name!r} on {device}; call kgen.jit(spec) first") from None
+
+
+def _outputs_like(q: torch.Tensor, spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    try:
+        value_dim = _specs[spec_name].model.value_dim
+    except KeyError:
+        raise ValueError(f"spec_name: unknown kgen spec {spec_name!r}; call kgen.jit(spec) first") from None
+    o = q.new_empty((q.shape[0], q.shape[1], value_dim), dtype=torch.bfloat16)
+    return o, q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("kgen::verify_attention", mutates_args=())
+def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tensor,
+                     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor,
+                     tree_mask: torch.Tensor | None, spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return module_for(spec_name, q.device).verify_attention(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices,
+                                                            kv_lens, tree_mask)
+
+
+@verify_attention.register_fake
+def _(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, spec_name):
+    return _outputs_like(q, spec_name)
+
+
+@torch.library.custom_op("kgen::prefix_attention", mutates_args=())
+def prefix_attention(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                     kv_indices: torch.Tensor, kv_lens: torch.Tensor, spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return module_for(spec_name, q.device).prefix_attention(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens)
+
+
+@prefix_attention.register_fake
+def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, spec_name):
+    return _outputs_like(q, spec_name)
+
+
+@torch.library.custom_op("kgen::tree_attention", mutates_args=())
+def tree_attention(q: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tensor, tree_mask: torch.Tensor | None,
+                   spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return module_for(spec_name, q.device).tree_attention(q, k_tree, qo_indptr, tree_mask)
+
+
+@tree_attention.register_fake
+def _(q, k_tree, qo_indptr, tree_mask, spec_name):
+    return _outputs_like(q, spec_name)
+
+
+@torch.library.custom_op("kgen::merge_states", mutates_args=())
+def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
+                 spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return module_for(spec_name, o_a.device).merge_states(o_a, lse_a, o_b, lse_b)
+
+
+@merge_states.register_fake
+def _(o_a, lse_a, o_b, lse_b, spec_name):
+    return torch.empty_like(o_a), torch.empty_like(lse_a)
+
+
+@torch.library.custom_op("kgen::defrag", mutates_args=("kv_caches",))
+def defrag(kv_caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor, stacked: bool, spec_name: str) -> None:
+    """kv_caches: per-layer caches, or one stacked [layers, slots, D] tensor with stacked=True."""
+    if stacked and len(kv_caches) != 1:
+        raise ValueError(f"kv_caches: stacked=True takes one [layers, slots, D] tensor, got {len(kv_caches)}")
+    module_for(spec_name, src.device).defrag(kv_caches[0] if stacked else list(kv_caches), src, dst)
+
+
+@defrag.register_fake
+def _(kv_caches, src, dst, stacked, spec_name):
+    return None
