@@ -7,11 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import nvrtc
-from .cache import KernelCache, cache_key
+from . import nvrtc, sass
+from .cache import Entry, KernelCache, cache_key
 from .errors import CompileError
+from .occupancy import Occupancy, occupancy
 from .plan import Plan, Variant
 from .render import headers, render
+
+ATTENTION_KERNELS = ("prefix_attn", "tree_attn")  # must use tensor-core MMA and cp.async
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,35 @@ class BuiltKernel:
     report: nvrtc.ResourceReport
     status: str  # "compiled" or "cached"
     seconds: float
+    sass: dict[str, int] | None = None  # instruction-class counts (sass.counts), when inspected
 
     @property
     def smem_bytes(self) -> int:
         return self.variant.smem_bytes + self.report.static_smem
+
+    @property
+    def occupancy(self) -> Occupancy:
+        return occupancy(self.arch, self.variant.threads, self.report.registers, self.smem_bytes)
+
+    def problems(self) -> list[str]:
+        """Where the cubin falls short of its plan: spills, local memory, occupancy below the plan's
+        min_blocks and, for the attention kernels, no tensor-core MMA or no cp.async."""
+        out = []
+        if self.report.spill_bytes:
+            out.append(f"{self.report.spill_bytes} bytes of register spills")
+        occ = self.occupancy
+        if occ.ctas_per_sm < self.variant.min_blocks:
+            out.append(f"{occ.ctas_per_sm} CTAs/SM (limited by {occ.limit}) < the plan's {self.variant.min_blocks}")
+        if self.sass is None:
+            return out
+        if sass.local_memory_count(self.sass):
+            out.append(f"local memory traffic: {self.sass['LDL']} LDL, {self.sass['STL']} STL")
+        if self.variant.kernel in ATTENTION_KERNELS:
+            if not sass.mma_count(self.sass):
+                out.append("no tensor-core MMA (HMMA/QMMA)")
+            if not self.sass.get("LDGSTS"):
+                out.append("no cp.async (LDGSTS)")
+        return out
 
     def row(self) -> dict:
         """The row `kgen build` prints and --json emits."""
@@ -37,12 +65,26 @@ class BuiltKernel:
             "spill_bytes": self.report.spill_bytes,
             "smem_bytes": self.smem_bytes,
             "cubin_bytes": len(self.cubin),
+            "sass": self.sass,
+            "occupancy": self.occupancy.row(),
+            "limit": self.occupancy.limit,
             "status": self.status,
             "seconds": round(self.seconds, 3),
         }
 
 
-def build_variant(variant: Variant, arch: str, cache: KernelCache) -> BuiltKernel:
+def sass_counts(cache: KernelCache, entry: Entry) -> dict[str, int]:
+    """The entry's SASS counts: from its meta, or disassembled once and added to the meta."""
+    cached = entry.meta.get("sass")
+    if isinstance(cached, dict) and cached.get("version") == sass.COUNTS_VERSION:
+        return sass.ordered(cached["counts"])
+    counts = sass.counts(entry.cubin)
+    cache.update_meta(entry, {"sass": {"version": sass.COUNTS_VERSION, "counts": counts}})
+    return counts
+
+
+def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool = False) -> BuiltKernel:
+    """Compile (or load) one variant for `arch`; `inspect` also counts its SASS."""
     start = time.perf_counter()
     source = render(variant)
     hdrs = headers()
@@ -69,17 +111,19 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache) -> BuiltKerne
     report = nvrtc.ResourceReport(registers=m["registers"], spill_stores=m["spill_stores"],
                                   spill_loads=m["spill_loads"], stack_bytes=m["stack_bytes"],
                                   static_smem=m["static_smem"])
-    return BuiltKernel(variant, arch, entry.cubin, report, status, time.perf_counter() - start)
+    counts = sass_counts(cache, entry) if inspect else None
+    return BuiltKernel(variant, arch, entry.cubin, report, status, time.perf_counter() - start, counts)
 
 
 def build(plan: Plan, archs: list[str], cache: KernelCache | None = None,
-          on_done: Callable[[BuiltKernel], None] | None = None) -> list[BuiltKernel]:
-    """Compile every variant of `plan` for each arch in `archs`."""
+          on_done: Callable[[BuiltKernel], None] | None = None, inspect: bool = False) -> list[BuiltKernel]:
+    """Compile every variant of `plan` for each arch in `archs`; `inspect` also counts SASS
+    (nvdisasm, cached in the entry's meta) — `kgen build` does, kgen.jit does not."""
     cache = cache or KernelCache()
     built = []
     for arch in archs:
         for variant in plan.variants:
-            b = build_variant(variant, arch, cache)
+            b = build_variant(variant, arch, cache, inspect)
             built.append(b)
             if on_done:
                 on_done(b)

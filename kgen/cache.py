@@ -94,6 +94,18 @@ class KernelCache:
             cubin, source, extra = build()
             return self._store(key, cubin, source, extra), "compiled"
 
+    def update_meta(self, entry: Entry, fields: dict) -> Entry:
+        """Add derived facts (e.g. SASS counts) to an entry's meta.json, atomically; the cubin and
+        its checksum are untouched. Best effort: an entry removed meanwhile is left alone."""
+        meta = {**entry.meta, **fields}
+        tmp = entry.path / f"meta.json.{os.getpid()}.{uuid.uuid4().hex}"
+        try:
+            tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
+            os.replace(tmp, entry.path / "meta.json")
+        except OSError:
+            tmp.unlink(missing_ok=True)
+        return Entry(entry.path, entry.cubin, meta)
+
     def _store(self, key: str, cubin: bytes, source: str, extra: dict) -> Entry:
         meta = {**extra, "key": key, "cubin_bytes": len(cubin),
                 "cubin_sha256": hashlib.sha256(cubin).hexdigest()}

@@ -7,6 +7,7 @@ nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels, located with cuda.pathfinder.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -99,8 +100,10 @@ def parse_report(log: str, symbol: str) -> ResourceReport:
     )
 
 
-def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, filename: str) -> Compiled:
-    """Compile `source` for `arch`; a failure raises CompileError carrying NVRTC's log."""
+def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, filename: str,
+                  extra_options: Sequence[str] = ()) -> Compiled:
+    """Compile `source` for `arch`; a failure raises CompileError carrying NVRTC's log.
+    `extra_options` are appended to options(arch) (tests use them to force a register cap)."""
     nvrtc = _nvrtc()
     names = list(headers)
     err, prog = nvrtc.nvrtcCreateProgram(
@@ -109,7 +112,7 @@ def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, 
     )
     _check(err, "nvrtcCreateProgram")
     try:
-        opts = [o.encode() for o in options(arch)] + [f"--include-path={cuda_include_dir()}".encode()]
+        opts = [o.encode() for o in [*options(arch), *extra_options, f"--include-path={cuda_include_dir()}"]]
         (compile_err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         err, size = nvrtc.nvrtcGetProgramLogSize(prog)
         _check(err, "nvrtcGetProgramLogSize")

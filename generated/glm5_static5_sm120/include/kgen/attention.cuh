@@ -255,10 +255,12 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
         }
         __syncthreads();
 
-        // 3. Rescale this warp's output rows and add P @ V for its value columns.
+        // 3. Rescale this warp's output rows and add P @ V for its value columns. Once the
+        // running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
 #pragma unroll
         for (int mt = 0; mt < C::M_TILES; ++mt) {
             const float a_lo = alpha_smem[wrow0 + mt * 16 + g], a_hi = alpha_smem[wrow0 + mt * 16 + g + 8];
+            if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
 #pragma unroll
             for (int n = 0; n < C::DV_G / 8; ++n) {
                 o_acc[mt][n][0] *= a_lo; o_acc[mt][n][1] *= a_lo;

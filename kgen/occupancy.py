@@ -1,0 +1,50 @@
+"""Theoretical occupancy: how many CTAs of a kernel fit on one SM of an arch, and what limits it.
+
+The same arithmetic as CUDA's occupancy calculator: registers are allocated per warp in units of
+256 (a thread's count rounded up to 8); shared memory per CTA is dynamic + static + the driver's
+per-block reservation, in 128-byte units, against the SM's shared memory; warps and CTAs per SM
+are capped by the arch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .arch import Arch, get_arch
+
+REG_UNIT_PER_THREAD = 8  # 8 registers per thread = 256 per warp
+SMEM_UNIT = 128
+MAX_THREADS_PER_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class Occupancy:
+    ctas_per_sm: int
+    warps_per_sm: int
+    limit: str  # the resource that caps ctas_per_sm ("registers", "smem", "warps", "blocks"; ties joined by "+")
+    by_resource: dict[str, int]  # CTAs/SM each resource alone allows
+
+    def row(self) -> dict:
+        return {"ctas_per_sm": self.ctas_per_sm, "warps_per_sm": self.warps_per_sm}
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def occupancy(arch: Arch | str, threads: int, registers: int, smem_bytes: int) -> Occupancy:
+    """CTAs per SM of a kernel with `threads` per block, `registers` per thread and `smem_bytes`
+    (dynamic + static) of shared memory per block."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    warps = -(-threads // 32)
+    regs_per_warp = _round_up(max(registers, 1), REG_UNIT_PER_THREAD) * 32
+    smem = _round_up(smem_bytes + arch.smem_reserved_per_block, SMEM_UNIT)
+    by = {
+        "registers": (arch.regs_per_sm // regs_per_warp) // warps if registers <= arch.max_regs_per_thread else 0,
+        "smem": arch.smem_per_sm // smem if smem_bytes <= arch.smem_per_block else 0,
+        "warps": arch.max_warps_per_sm // warps if threads <= MAX_THREADS_PER_BLOCK else 0,
+        "blocks": arch.max_blocks_per_sm,
+    }
+    ctas = min(by.values())
+    limit = "+".join(k for k, n in by.items() if n == ctas)
+    return Occupancy(ctas_per_sm=ctas, warps_per_sm=ctas * warps, limit=limit, by_resource=by)
