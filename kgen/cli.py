@@ -1,4 +1,4 @@
-"""The kgen command line: build, show, cache."""
+"""The kgen command line: build, show, inspect, cache."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from . import sass
 from .arch import get_arch
-from .build import build
+from .build import build, build_variant
 from .cache import KernelCache
 from .errors import KgenError
+from .model import NO_MEASUREMENT, model
 from .plan import plan
 from .render import write_generated
 from .spec import load_spec
@@ -54,7 +56,7 @@ def build_cmd(
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err_console, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
             task = bar.add_task(f"building {spec.name}", total=total)
-            built = build(p, archs, KernelCache(), on_done=lambda b: bar.advance(task))
+            built = build(p, archs, KernelCache(), on_done=lambda b: bar.advance(task), inspect=True)
     except KgenError as e:
         _fail(e)
     rows = [b.row() for b in built]
@@ -63,20 +65,33 @@ def build_cmd(
         return
     table = Table(title=f"{spec.name}: {len(rows)} kernels in {time.perf_counter() - start:.2f} s "
                         f"(plan for {p.arch.name}, sources in {out / spec.name})")
-    for col in ("kernel", "arch", "variant id", "regs", "spill B", "smem B", "cubin B", "status", "s"):
-        table.add_column(col, justify="left" if col in ("kernel", "arch", "variant id", "status") else "right")
+    left = ("kernel", "arch", "variant id", "limit", "SASS", "status")
+    for col in ("kernel", "arch", "variant id", "regs", "spill B", "smem B", "CTAs/SM", "limit", "SASS",
+                "cubin B", "status", "s"):
+        table.add_column(col, justify="left" if col in left else "right", no_wrap=col in ("SASS", "limit"))
     for r in rows:
         table.add_row(r["kernel"], r["arch"], r["variant_id"], str(r["registers"]), str(r["spill_bytes"]),
-                      str(r["smem_bytes"]), str(r["cubin_bytes"]), r["status"], f"{r['seconds']:.2f}")
+                      str(r["smem_bytes"]), str(r["occupancy"]["ctas_per_sm"]), r["limit"], sass.summary(r["sass"]),
+                      str(r["cubin_bytes"]), r["status"], f"{r['seconds']:.2f}")
     console.print(table)
+    problems = [f"{b.variant.name} ({b.arch}): {msg}" for b in built for msg in b.problems()]
+    for line in problems:
+        err_console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
 
 
 @app.command("show")
-def show_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file")) -> None:
-    """Print the plan: tiles, threads, stages, shared-memory budget against the arch limit."""
+def show_cmd(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
+    results: Path = typer.Option(Path("bench/results"), "--results", help="bench results the model takes H200 efficiencies from"),
+) -> None:
+    """Print the plan (tiles, threads, stages, shared-memory budget against the arch limit), each
+    kernel's ptxas report, occupancy and SASS counts (built or cached), and the modeled sm_120
+    time of the DESIGN §9 grid."""
     try:
         spec = load_spec(spec_path)
         p = plan(spec)
+        built = build(p, [p.arch.name], KernelCache(), inspect=True)
+        modeled, files = model(spec, "sm_120", results)
     except KgenError as e:
         _fail(e)
     t, a = p.tiles, p.arch
@@ -89,11 +104,58 @@ def show_cmd(spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YA
     console.print(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
                   f"({p.budget['attention_smem_headroom']} B headroom)")
     table = Table()
-    for col in ("kernel", "variant id", "threads", "dyn smem B", "min blocks/SM"):
+    for col in ("kernel", "variant id", "threads", "dyn smem B", "min blocks/SM", "regs", "spill B",
+                "CTAs/SM", "limit", "SASS"):
         table.add_column(col)
-    for v in p.variants:
-        table.add_row(v.name, v.variant_id, str(v.threads), str(v.smem_bytes), str(v.min_blocks))
+    for b in built:
+        v, occ = b.variant, b.occupancy
+        table.add_row(v.name, v.variant_id, str(v.threads), str(v.smem_bytes), str(v.min_blocks),
+                      str(b.report.registers), str(b.report.spill_bytes), str(occ.ctas_per_sm), occ.limit,
+                      sass.summary(b.sass))
     console.print(table)
+    _print_model(modeled, files, results)
+
+
+def _print_model(modeled: list, files: List[Path], results: Path) -> None:
+    a = get_arch("sm_120")
+    measured = sum(m.source != NO_MEASUREMENT for m in modeled)
+    console.print(f"[bold]MODEL, not a measurement[/bold]: {a.name} time = floor / efficiency; floor = max(bytes / "
+                  f"{a.dram_gbps:.0f} GB/s, FLOPs / {a.mma_bf16_tflops:.0f} TFLOP/s), FLOPs = 2·ΣT·H·(L+T)·(D+Dv); "
+                  f"efficiency = % of floor the same plan reached on the H200: "
+                  + (f"{measured} of {len(modeled)} shapes measured in {', '.join(str(f) for f in files)}" if files
+                     else f"no bench result in {results}, so 100% (floor)"), highlight=False)
+    table = Table(title=f"modeled {a.name} time (model)")
+    for col in ("H", "T", "L", "B", "page", "MB read", "GFLOP", "floor us", "bound", "eff %", "model us", "efficiency from"):
+        table.add_column(col, justify="left" if col in ("bound", "efficiency from") else "right")
+    for m in modeled:
+        s, f = m.shape, m.floor
+        table.add_row(str(s.H), str(s.T), str(s.L), str(s.B), str(s.page_size), f"{f.bytes / 1e6:.1f}",
+                      f"{f.flops / 1e9:.1f}", f"{f.us:.1f}", f.bound, f"{100 * m.efficiency:.1f}", f"{m.us:.1f}", m.source)
+    console.print(table)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
+    kernel: str = typer.Argument(..., metavar="KERNEL", help="variant name (e.g. prefix_attn, lse_merge_bf16) or kernel kind"),
+    arch: Optional[str] = typer.Option(None, "--arch", help="the arch whose cubin to disassemble; default: the spec's target"),
+    line_info: bool = typer.Option(False, "--line-info", help="annotate with source lines"),
+) -> None:
+    """Dump the SASS of one kernel of SPEC (compiled or loaded from the cache) with nvdisasm."""
+    try:
+        spec = load_spec(spec_path)
+        a = get_arch(arch or spec.target.arch)
+        p = plan(spec)
+        variants = [v for v in p.variants if kernel in (v.name, v.kernel)]
+        if not variants:
+            raise KgenError(f"{spec.name} has no kernel {kernel!r}; kernels: {', '.join(v.name for v in p.variants)}")
+        for v in variants:
+            b = build_variant(v, a.name, KernelCache(), inspect=True)
+            print(f"// {v.variant_id} for {a.name}: {b.report.registers} registers, {b.report.spill_bytes} B spills, "
+                  f"{b.occupancy.ctas_per_sm} CTAs/SM (limit: {b.occupancy.limit})\n// {sass.summary(b.sass)}")
+            print(sass.dump(b.cubin, a.name, line_info=line_info))
+    except KgenError as e:
+        _fail(e)
 
 
 @cache_app.command("info")
@@ -112,3 +174,32 @@ def cache_clear() -> None:
 
 def main() -> None:  # pragma: no cover - console script entry
     app()
+
+
+@app.command("bench")
+def bench_cmd(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="base spec YAML (heads, tree and page size vary over the grid)"),
+    quick: bool = typer.Option(False, "--quick", help="a handful of shapes at the spec's head count (under a minute)"),
+    page_size: Optional[int] = typer.Option(None, "--page-size", help="KV page size (default: the spec's)"),
+    heads: str = typer.Option("8,16", "--heads", help="comma-separated head counts of the grid"),
+    triton: bool = typer.Option(True, "--triton/--no-triton", help="time SGLang's Triton extend_attention_fwd too"),
+    graph: bool = typer.Option(True, "--graph/--no-graph", help="time by CUDA-graph replay (default) or eagerly"),
+    time_limit: Optional[float] = typer.Option(None, "--time-limit", help="start no new shape after this many seconds"),
+    out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
+) -> None:
+    """(GPU) Benchmark SPEC: the two ceilings, the DESIGN §9 grid and SGLang's Triton baseline;
+    a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run."""
+    # bench/ lives next to the package in a checkout, not inside the wheel
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "bench" / "run.py").is_file() and str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+    try:
+        from bench.run import BenchError, run
+    except ImportError as e:
+        _fail(KgenError(f"kgen bench needs the bench/ folder of a kgen checkout (run it from the repository root): {e}"))
+    try:
+        code = run(spec_path, quick=quick, page_size=page_size, heads=tuple(int(h) for h in heads.split(",")),
+                   triton=triton, graph=graph, time_limit=time_limit, out_dir=out)
+    except (BenchError, KgenError, ValueError) as e:
+        _fail(e)
+    raise typer.Exit(code)

@@ -1,0 +1,441 @@
+"""kgen's benchmark (DESIGN §9): ceilings, the GLM-5 shape grid, SGLang's Triton baseline.
+
+    python -m bench.run --spec specs/glm5_sm120.yaml [--quick] [--page-size 64]
+    kgen bench specs/glm5_sm120.yaml [--quick]
+
+In one process on one GPU:
+1. measures the copy bandwidth and the mma.sync bf16 rate (bench/ceilings.py);
+2. checks kgen's verify_attention against SGLang's Triton extend_attention_fwd (and the float64
+   torch reference, timed there) on one small ragged shape: relative L2 of o must be <= 1e-2;
+3. times, for every shape of the grid, verify_attention and its halves prefix_attention and
+   tree_attention, and the Triton baseline on the same inputs (bench/timing.py: CUDA-graph replay
+   over K rotated input sets, so no call reads KV that is still in L2); decode rows (T = 1) time
+   prefix_attention alone (SGLang decodes with a different Triton kernel: no baseline there);
+4. prints a table and writes bench/results/<spec>-<time>.json (rewritten after every shape, so a
+   cut-short run keeps what it measured; {ceilings, cross_check, rows, skipped}: every row in
+   "rows" has its times, shapes that could not run are in "skipped" with the reason) and a PNG
+   plot next to it.
+
+floor = max(KV bytes read once / copy bandwidth, FLOPs / mma rate), with KV bytes =
+B * (L + T) * 1152 and FLOPs = 2 * B * T * H * (L + T) * (576 + 512) (decode: L instead of L + T);
+% of floor = floor / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+HEADS = (8, 16)
+TREES = (16, 64, 256)
+CONTEXTS = (4096, 32768, 131072)
+BATCHES = (1, 8, 32)
+QUICK = ((16, 4096, 1), (16, 131072, 1), (64, 32768, 8), (1, 32768, 8))  # (T, L, B); T = 1 is decode
+CHECK_SHAPE = ([16, 16, 16], [1000, 4097, 77])  # cross-check: tree sizes, prefix lengths (ragged)
+L2_ROTATIONS = 4  # rotated sets hold at least this many L2 sizes of KV
+MAX_SETS = 32
+RESERVE_BYTES = 4 << 30  # left free for kgen's and Triton's workspaces
+
+
+class BenchError(RuntimeError):
+    """A reason the benchmark cannot run at all; printed as one line."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    H: int
+    T: int  # tree tokens per request; 1 = a decode row (prefix_attention only)
+    L: int
+    B: int
+    P: int
+
+    @property
+    def decode(self) -> bool:
+        return self.T == 1
+
+    def label(self) -> str:
+        return f"H={self.H} T={self.T} L={self.L} B={self.B} P={self.P}"
+
+
+# ---- shapes, specs, floors --------------------------------------------------------------------
+
+
+def grid(spec, *, quick: bool, page_size: int, heads, trees, contexts, batches, decode: bool) -> list[Shape]:
+    if quick:
+        return [Shape(spec.model.num_q_heads, t, l, b, page_size) for t, l, b in QUICK if decode or t != 1]
+    shapes = [Shape(h, t, l, b, page_size) for h in heads for t in trees for l in contexts for b in batches]
+    if decode:
+        shapes += [Shape(h, 1, l, b, page_size) for h in heads for l in contexts for b in batches]
+    return shapes
+
+
+def spec_for(base, heads: int, tree: int, page_size: int):
+    """The base spec with this head count and page size, and max_nodes raised (to the next
+    power of two) only when the tree does not fit the base's."""
+    from kgen.spec import MAX_TREE_NODES, parse_spec
+
+    nodes = base.tree.nodes if tree <= base.tree.nodes else min(MAX_TREE_NODES, 1 << (tree - 1).bit_length())
+    if (heads, nodes, page_size) == (base.model.num_q_heads, base.tree.nodes, base.cache.page_size):
+        return base
+    data = base.model_dump()
+    data["name"] = f"{base.name}_h{heads}_n{nodes}_p{page_size}"[:64]
+    data["model"]["num_q_heads"] = heads
+    data["cache"]["page_size"] = page_size
+    data["tree"] = {"max_nodes": nodes}
+    return parse_spec(data, f"{base.name} (bench: H={heads}, max_nodes={nodes}, page_size={page_size})")
+
+
+def work(shape: Shape, spec) -> tuple[int, int]:
+    """(KV bytes read once, FLOPs) of one call."""
+    m = spec.model
+    row = m.head_dim * 2  # bf16
+    keys = shape.L if shape.decode else shape.L + shape.T
+    return shape.B * keys * row, 2 * shape.B * shape.T * shape.H * keys * (m.head_dim + m.value_dim)
+
+
+def set_bytes(shape: Shape, spec, triton: bool) -> tuple[int, int]:
+    """(bytes of one input set with its outputs and Triton's extra inputs, KV bytes a call reads)."""
+    m = spec.model
+    row = m.head_dim * 2
+    pages = math.ceil(shape.L / shape.P) * shape.B
+    pool = (pages + max(2, pages // 4)) * shape.P * row
+    tokens = shape.B * shape.T
+    qo = tokens * shape.H * (m.head_dim + m.value_dim) * 2 + tokens * row
+    temp = shape.B * shape.L * 8 * 3  # make_verify_inputs' slot arithmetic (freed after)
+    extra = shape.B * shape.T * (shape.L + shape.T) + shape.B * shape.L * 8 + qo if triton and not shape.decode else 0
+    work_buf = (2 * tokens * shape.H + 256 * 64) * m.value_dim * 4  # kgen's partial states
+    return pool + qo + temp + extra + work_buf, shape.B * shape.L * row + qo
+
+
+# ---- measuring ----------------------------------------------------------------------------------
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"[:200]
+
+
+def _sticky(e: BaseException) -> bool:
+    """A CUDA error that poisons the context: nothing after it can be trusted."""
+    text = str(e).lower()
+    return any(s in text for s in ("illegal", "misaligned", "unspecified launch failure", "device-side assert"))
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-300)).item()
+
+
+def lse_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    fin = torch.isfinite(b)
+    if not torch.equal(fin, torch.isfinite(a)):
+        return math.inf
+    return ((a[fin] - b[fin]).abs() / (b[fin].abs() + 1)).max().item() if fin.any() else 0.0
+
+
+def cross_check(mod, fwd, spec, page_size: int, device) -> dict:
+    """kgen verify vs Triton (and both vs the float64 reference) on one small ragged shape."""
+    from kgen.testing import make_verify_inputs
+
+    from .baseline import TritonVerify
+
+    trees, lens = CHECK_SHAPE
+    x = make_verify_inputs(spec, trees, lens, page_size=page_size, device=device)
+    o, lse = x.outputs()
+    mod.verify_attention(*x.verify_args(), out=o, lse=lse)
+    res = dict(H=spec.model.num_q_heads, T=trees, L=lens, page_size=page_size)
+    if fwd is not None:
+        to, tlse = TritonVerify(fwd, x, with_lse=True)()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    ro, rlse = x.verify_ref()
+    torch.cuda.synchronize()
+    res["ref_ms"] = (time.perf_counter() - start) * 1e3
+    res["kgen_vs_ref"] = rel_l2(o, ro)
+    res["kgen_lse_vs_ref"] = lse_err(lse, rlse)
+    if fwd is not None:
+        res["kgen_vs_triton"] = rel_l2(o, to)
+        res["kgen_lse_vs_triton"] = lse_err(lse, tlse)
+        res["triton_vs_ref"] = rel_l2(to, ro)
+        res["ok"] = res["kgen_vs_triton"] <= 1e-2 and res["kgen_vs_ref"] <= 1e-2
+    else:
+        res["ok"] = res["kgen_vs_ref"] <= 1e-2
+    return res
+
+
+def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: int | None, device,
+                  base_name: str) -> dict:
+    """One row: kgen's three ops and Triton on K rotated input sets of `shape`."""
+    from kgen.testing import make_verify_inputs
+
+    from .baseline import TritonVerify
+    from .timing import time_rotation
+
+    kv_bytes, flops = work(shape, spec)
+    floor_s = max(kv_bytes / (ceilings.copy_tbps * 1e12), flops / (ceilings.mma_tflops * 1e12))
+    row = dict(spec=spec.name, base_spec=base_name, H=shape.H, T=shape.T, L=shape.L, B=shape.B, page_size=shape.P,
+               mode="decode" if shape.decode else "verify", us=None, us_prefix=None, us_tree=None, us_triton=None,
+               tflops=None, kv_tbps=None, floor_us=floor_s * 1e6, pct_floor=None, speedup_vs_triton=None,
+               bound="memory" if kv_bytes / (ceilings.copy_tbps * 1e12) >= flops / (ceilings.mma_tflops * 1e12)
+               else "compute", sets=0, notes=[])
+
+    one, kv_read = set_bytes(shape, spec, fwd is not None)
+    free = torch.cuda.mem_get_info(device)[0] - RESERVE_BYTES
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (60 << 20)
+    k = sets or min(MAX_SETS, max(2, math.ceil(L2_ROTATIONS * l2 / kv_read)))
+    k = min(k, free // one)
+    if k < 1:
+        row["notes"].append(f"skipped: one input set needs {one / 2**30:.1f} GiB, {max(free, 0) / 2**30:.1f} GiB free")
+        return row
+    if k == 1:
+        row["notes"].append("1 input set (only one fits; its KV is far larger than L2)")
+    row["sets"] = k
+
+    inputs = [make_verify_inputs(spec, [shape.T] * shape.B, [shape.L] * shape.B, page_size=shape.P, device=device)
+              for _ in range(k)]
+    outs = [x.outputs() for x in inputs]
+
+    def calls(op):
+        if op == "verify":
+            return [lambda x=x, o=o: mod.verify_attention(*x.verify_args(), out=o[0], lse=o[1])
+                    for x, o in zip(inputs, outs)]
+        if op == "prefix":
+            return [lambda x=x, o=o: mod.prefix_attention(*x.prefix_args(), out=o[0], lse=o[1])
+                    for x, o in zip(inputs, outs)]
+        return [lambda x=x, o=o: mod.tree_attention(*x.tree_args(), out=o[0], lse=o[1]) for x, o in zip(inputs, outs)]
+
+    def timed(fns, what: str) -> float:
+        """Graph-replay time; if capturing fails (and the context survives), the eager time."""
+        try:
+            return time_rotation(fns, graph=graph)
+        except Exception as e:  # noqa: BLE001
+            if not graph or _sticky(e):
+                raise
+            row["notes"].append(f"{what} timed eagerly, capture failed: {_first_line(e)}")
+            return time_rotation(fns, graph=False)
+
+    ops = ["prefix"] if shape.decode else ["verify", "prefix", "tree"]
+    try:
+        for op in ops:
+            row["us" if op == "verify" else f"us_{op}"] = timed(calls(op), op)
+        if shape.decode:
+            row["us"] = row["us_prefix"]
+        if fwd is not None and not shape.decode:
+            triton_calls = [TritonVerify(fwd, x) for x in inputs]
+            row["us_triton"] = timed(triton_calls, "triton")
+            del triton_calls
+    except Exception as e:  # noqa: BLE001 - one failing shape must not lose the others
+        row["notes"].append(_first_line(e))
+        if _sticky(e):
+            raise
+    finally:
+        del inputs, outs
+        torch.cuda.empty_cache()
+
+    if row["us"]:
+        us = row["us"]
+        row["tflops"] = flops / (us * 1e-6) / 1e12
+        row["kv_tbps"] = kv_bytes / (us * 1e-6) / 1e12
+        row["pct_floor"] = 100.0 * row["floor_us"] / us
+        if row["us_triton"]:
+            row["speedup_vs_triton"] = row["us_triton"] / us
+    return row
+
+
+# ---- reporting ----------------------------------------------------------------------------------
+
+
+def _fmt(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows: list[dict], title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("mode", "H", "T", "L", "B", "P", "sets", "kgen µs", "prefix µs", "tree µs", "Triton µs", "KV TB/s",
+                "TFLOP/s", "floor µs", "bound", "% floor", "× Triton", "notes"):
+        t.add_column(col, justify="left" if col in ("mode", "bound", "notes") else "right")
+    for r in rows:
+        t.add_row(r["mode"], str(r["H"]), str(r["T"]), str(r["L"]), str(r["B"]), str(r["page_size"]), str(r["sets"]),
+                  _fmt(r["us"]), _fmt(r["us_prefix"]), _fmt(r["us_tree"]), _fmt(r["us_triton"]),
+                  _fmt(r["kv_tbps"], ".2f"), _fmt(r["tflops"]), _fmt(r["floor_us"]), r["bound"],
+                  _fmt(r["pct_floor"]), _fmt(r["speedup_vs_triton"]), "; ".join(r["notes"]))
+    return t
+
+
+def _progress(r: dict) -> str:
+    return (f"{r['mode']:6} H={r['H']:<3} T={r['T']:<4} L={r['L']:<7} B={r['B']:<3} P={r['page_size']:<3} "
+            f"kgen {_fmt(r['us']):>9} µs  prefix {_fmt(r['us_prefix']):>9}  tree {_fmt(r['us_tree']):>8}  "
+            f"triton {_fmt(r['us_triton']):>10}  floor {_fmt(r['floor_us']):>8}  {_fmt(r['pct_floor']):>5}% of floor  "
+            f"x{_fmt(r['speedup_vs_triton'])} vs triton  {'; '.join(r['notes'])}")
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=HEADS, trees=TREES,
+        contexts=CONTEXTS, batches=BATCHES, decode: bool = True, graph: bool = True, triton: bool = True,
+        sets: int | None = None, time_limit: float | None = None, out_dir: Path = RESULTS) -> int:
+    """Run the benchmark; returns the process exit code (1 if the cross-check fails)."""
+    from rich.console import Console
+
+    import kgen
+    from kgen.errors import KgenError
+
+    from . import ceilings as ceil_mod
+    from .baseline import BaselineError, load_extend_attention
+
+    console = Console(width=None if sys.stdout.isatty() else 240)
+    started = time.perf_counter()
+    try:
+        base = kgen.load_spec(spec_path)
+    except KgenError as e:
+        raise BenchError(str(e)) from None
+    if base.tree.is_static:
+        raise BenchError(f"{spec_path}: the benchmark varies the tree size; give a dynamic-tree spec (max_nodes)")
+    if not torch.cuda.is_available():
+        raise BenchError("kgen bench needs a CUDA GPU (torch.cuda.is_available() is False)")
+    page = page_size or base.cache.page_size
+    device = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    shapes = grid(base, quick=quick, page_size=page, heads=heads, trees=trees, contexts=contexts,
+                  batches=batches, decode=decode)
+
+    console.print(f"[bold]kgen bench[/bold] {base.name} on {props.name} ({props.multi_processor_count} SMs), "
+                  f"{len(shapes)} shapes, page size {page}, {'CUDA-graph replay' if graph else 'eager'} timing")
+    ceilings = ceil_mod.measure(device)
+    console.print(f"ceilings: copy {ceilings.copy_tbps:.3f} TB/s (read + write, {ceilings.copy_bytes / 2**30:.1f} GiB "
+                  f"buffer), mma.sync bf16 {ceilings.mma_tflops:.1f} TFLOP/s ({ceilings.mma_arch}, "
+                  f"{ceilings.mma_grid} CTAs)")
+
+    fwd, triton_from, triton_note = None, None, None
+    if triton:
+        try:
+            fwd, triton_from = load_extend_attention()
+            console.print(f"Triton baseline: extend_attention_fwd from {triton_from}")
+        except (BaselineError, ImportError) as e:
+            triton_note = _first_line(e)
+            console.print(f"[yellow]Triton baseline unavailable[/yellow]: {triton_note}", highlight=False)
+
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # <spec>-<time>[-p64][-quick]: names sort by time, as kgen/model.py's results_file expects
+    stem = f"{base.name}-{stamp}{'' if page == base.cache.page_size else f'-p{page}'}{'-quick' if quick else ''}"
+    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
+    result = dict(spec=base.name, spec_path=str(spec_path), device=props.name, sm_count=props.multi_processor_count,
+                  timestamp=stamp, torch=torch.__version__, python=platform.python_version(), kgen=kgen.__version__,
+                  timing="cuda-graph replay over rotated input sets" if graph else "eager over rotated input sets",
+                  triton_baseline=triton_from, triton_note=triton_note, ceilings=ceilings.as_dict(),
+                  cross_check=[], rows=[], skipped=[])
+
+    def save():
+        json_path.write_text(json.dumps(result, indent=1))
+
+    modules: dict[str, object] = {}
+
+    def module(spec):
+        if spec.name not in modules:
+            t0 = time.perf_counter()
+            modules[spec.name] = kgen.jit(spec)
+            console.print(f"jit {spec.name}: {time.perf_counter() - t0:.1f} s", highlight=False)
+        return modules[spec.name]
+
+    ok = True
+    for h in sorted({s.H for s in shapes}):
+        spec = spec_for(base, h, max(CHECK_SHAPE[0]), page)
+        check = cross_check(module(spec), fwd, spec, page, device)
+        result["cross_check"].append(check)
+        ok &= check["ok"]
+        verdict = "[green]OK[/green]" if check["ok"] else "[red]FAIL[/red]"
+        triton_part = (f"kgen vs Triton: o rel L2 {check['kgen_vs_triton']:.2e} (<= 1e-2), lse err "
+                       f"{check['kgen_lse_vs_triton']:.1e}; Triton vs ref {check['triton_vs_ref']:.2e}; "
+                       if "kgen_vs_triton" in check else "")
+        console.print(f"cross-check {verdict} H={h} T={check['T']} L={check['L']} P={page}: {triton_part}kgen vs "
+                      f"float64 ref {check['kgen_vs_ref']:.2e} (lse {check['kgen_lse_vs_ref']:.1e}); torch reference "
+                      f"took {check['ref_ms']:.0f} ms (not timed on the grid: float64, a loop over requests)")
+    save()
+
+    for i, shape in enumerate(shapes):
+        if time_limit is not None and time.perf_counter() - started > time_limit:
+            console.print(f"[yellow]time limit {time_limit:.0f} s reached: {len(shapes) - i} shapes not run[/yellow]")
+            result["truncated"] = f"time limit reached before {shape.label()}"
+            break
+        spec = spec_for(base, shape.H, shape.T, page)
+        try:
+            row = measure_shape(shape, spec, module(spec), fwd, ceilings, graph=graph, sets=sets, device=device,
+                                base_name=base.name)
+        except Exception as e:  # a sticky CUDA error: stop, keep what was measured
+            result["truncated"] = f"{shape.label()}: {_first_line(e)}"
+            console.print(f"[red]stopping[/red] at {shape.label()}: {_first_line(e)}", highlight=False)
+            ok = False
+            break
+        result["rows" if row["us"] is not None else "skipped"].append(row)
+        print(_progress(row), flush=True)
+        save()
+
+    result["seconds"] = time.perf_counter() - started
+    save()
+    title = f"{base.name} on {props.name}: copy {ceilings.copy_tbps:.2f} TB/s, mma.sync {ceilings.mma_tflops:.0f} TFLOP/s"
+    console.print(table(result["rows"] + result["skipped"], title))
+    try:
+        from .plot import plot
+
+        plot(result, png_path)
+        console.print(f"wrote {json_path} and {png_path} ({result['seconds']:.0f} s)")
+    except ImportError as e:
+        console.print(f"wrote {json_path} ({result['seconds']:.0f} s); no plot: {e}")
+    return 0 if ok else 1
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--spec", default="specs/glm5_sm120.yaml", help="base spec (model dims; heads, tree size and "
+                   "page size vary over the grid)")
+    p.add_argument("--quick", action="store_true", help=f"a handful of shapes at the spec's head count: {QUICK}")
+    p.add_argument("--page-size", type=int, default=None, help="KV page size (default: the spec's, 1)")
+    p.add_argument("--heads", type=_ints, default=HEADS, help="comma-separated head counts (default 8,16)")
+    p.add_argument("--trees", type=_ints, default=TREES, help="tree sizes T (default 16,64,256)")
+    p.add_argument("--contexts", type=_ints, default=CONTEXTS, help="prefix lengths L (default 4096,32768,131072)")
+    p.add_argument("--batches", type=_ints, default=BATCHES, help="batch sizes B (default 1,8,32)")
+    p.add_argument("--no-decode", dest="decode", action="store_false", help="skip the decode (T = 1) rows")
+    p.add_argument("--no-triton", dest="triton", action="store_false", help="skip SGLang's Triton baseline")
+    p.add_argument("--no-graph", dest="graph", action="store_false", help="time eagerly instead of CUDA-graph replay")
+    p.add_argument("--sets", type=int, default=None, help="rotated input sets per shape (default: enough for "
+                   f"{L2_ROTATIONS}x the L2 size, 2..{MAX_SETS})")
+    p.add_argument("--time-limit", type=float, default=None, help="start no new shape after this many seconds")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return run(a.spec, quick=a.quick, page_size=a.page_size, heads=a.heads, trees=a.trees, contexts=a.contexts,
+                   batches=a.batches, decode=a.decode, graph=a.graph, triton=a.triton, sets=a.sets,
+                   time_limit=a.time_limit, out_dir=a.out)
+    except BenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Test inputs and the output comparator shared by the tests and the benchmark (DESIGN §6).
+
+Inputs are fresh random normals (never zeros); a request's prefix pages are scattered over the
+pool by a random permutation, and every slot no prefix token uses holds NaN, so reading a slot
+outside a request's prefix (even one that the softmax then masks) shows up in the output.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+from .mask import mask_from_dense, mask_from_parents
+from .spec import Spec
+
+TREE_KINDS = ("random", "chain", "star", "bits")  # "bits": arbitrary visibility bits, not a tree
+
+
+def fresh_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes inputs are made for: a spec's, or hand-picked ones (small CPU tests)."""
+
+    num_heads: int
+    head_dim: int = 576
+    value_dim: int = 512
+    scale: float = 0.0625
+    max_nodes: int = 64
+    page_size: int = 1
+    parents: tuple[int, ...] | None = None  # a static tree: every request has exactly this tree
+
+    @classmethod
+    def of(cls, spec_or_dims: Spec | Dims) -> Dims:
+        if isinstance(spec_or_dims, Dims):
+            return spec_or_dims
+        m, tree = spec_or_dims.model, spec_or_dims.tree
+        return cls(m.num_q_heads, m.head_dim, m.value_dim, m.softmax_scale, tree.nodes,
+                   spec_or_dims.cache.page_size, tree.parents)
+
+    @property
+    def mask_words(self) -> int:
+        return (self.max_nodes + 31) // 32
+
+
+@dataclass
+class VerifyInputs:
+    """One batch of verify inputs in the DESIGN §5 layout, plus what made them."""
+
+    q: torch.Tensor  # [sum T, H, D] bf16
+    kv_cache: torch.Tensor  # [num_slots, D] bf16
+    k_tree: torch.Tensor  # [sum T, D] bf16
+    qo_indptr: torch.Tensor  # [B + 1] int32
+    kv_indptr: torch.Tensor  # [B + 1] int32, in pages
+    kv_indices: torch.Tensor  # [sum pages] int32
+    kv_lens: torch.Tensor  # [B] int32
+    tree_mask: torch.Tensor  # [sum T, words] int32 (also for a static tree, for the reference)
+    parents: torch.Tensor | None  # [B, max T] parents the mask came from; None for "bits" masks
+    page_size: int
+    scale: float
+    value_dim: int
+    static_tree: bool  # the op takes tree_mask=None: the mask is compiled in
+
+    @property
+    def op_mask(self) -> torch.Tensor | None:
+        return None if self.static_tree else self.tree_mask
+
+    def verify_args(self) -> tuple:
+        return (self.q, self.kv_cache, self.k_tree, self.qo_indptr, self.kv_indptr, self.kv_indices,
+                self.kv_lens, self.op_mask)
+
+    def prefix_args(self) -> tuple:
+        return self.q, self.kv_cache, self.qo_indptr, self.kv_indptr, self.kv_indices, self.kv_lens
+
+    def tree_args(self) -> tuple:
+        return self.q, self.k_tree, self.qo_indptr, self.op_mask
+
+    def verify_ref(self):
+        return reference.verify_attention_ref(self.q, self.kv_cache, self.k_tree, self.qo_indptr, self.kv_indptr,
+                                              self.kv_indices, self.kv_lens, self.tree_mask, self.page_size,
+                                              self.scale, self.value_dim)
+
+    def prefix_ref(self):
+        return reference.prefix_attention_ref(*self.prefix_args(), self.page_size, self.scale, self.value_dim)
+
+    def tree_ref(self):
+        return reference.tree_attention_ref(self.q, self.k_tree, self.qo_indptr, self.tree_mask, self.scale,
+                                            self.value_dim)
+
+    def outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Poisoned (out [sum T, H, Dv] bf16, lse [sum T, H] float32) to pass as out=/lse=."""
+        t, h, _ = self.q.shape
+        out = torch.empty(t, h, self.value_dim, dtype=torch.bfloat16, device=self.q.device)
+        lse = torch.empty(t, h, dtype=torch.float32, device=self.q.device)
+        return poison_(out), poison_(lse)
+
+
+def tree_parents(kind: str, batch: int, nodes: int, *, generator: torch.Generator, device) -> torch.Tensor:
+    """[batch, nodes] parent indices, parents before children: "random" (each node's parent drawn
+    uniformly from the nodes before it), "chain" (i - 1) or "star" (all hang off the root)."""
+    i = torch.arange(nodes, device=device)
+    if kind == "chain":
+        parents = (i - 1).expand(batch, nodes)
+    elif kind == "star":
+        parents = torch.where(i > 0, 0, -1).expand(batch, nodes)
+    elif kind == "random":
+        parents = (torch.rand(batch, nodes, generator=generator, device=device) * i).long()
+        parents[:, :1] = -1
+    else:
+        raise ValueError(f"tree kind must be one of random, chain, star; got {kind!r}")
+    return parents.contiguous()
+
+
+def _indptr(sizes: list[int], device) -> torch.Tensor:
+    return torch.tensor([0, *sizes], device=device).cumsum(0).to(torch.int32)
+
+
+def make_verify_inputs(spec_or_dims: Spec | Dims, tree_sizes: list[int], prefix_lens: list[int], *,
+                       page_size: int | None = None, tree_kind: str = "random", device="cpu",
+                       generator: torch.Generator | None = None, num_pages: int | None = None,
+                       unused_fill: float = float("nan")) -> VerifyInputs:
+    """Random verify inputs for len(tree_sizes) requests: request b has tree_sizes[b] tree tokens
+    and prefix_lens[b] prefix tokens. The pool has num_pages pages (default: the pages needed plus
+    a quarter, at least 2, unused); prefix pages are a random permutation of them and slots that
+    hold no prefix token are set to unused_fill. A static-tree spec always uses its own tree.
+    `generator` must live on `device` (default: a fresh one seeded from os.urandom)."""
+    dims = Dims.of(spec_or_dims)
+    page = page_size or dims.page_size
+    tree_sizes, prefix_lens = list(tree_sizes), list(prefix_lens)
+    if len(tree_sizes) != len(prefix_lens):
+        raise ValueError(f"tree_sizes has {len(tree_sizes)} requests but prefix_lens has {len(prefix_lens)}")
+    if any(not 0 <= t <= dims.max_nodes for t in tree_sizes):
+        raise ValueError(f"tree sizes must be in 0..{dims.max_nodes}, got {tree_sizes}")
+    if dims.parents is not None and any(t != len(dims.parents) for t in tree_sizes):
+        raise ValueError(f"a static tree has {len(dims.parents)} nodes per request, got tree_sizes {tree_sizes}")
+    device = torch.device(device)
+    g = generator or torch.Generator(device).manual_seed(fresh_seed())
+    batch, sum_t, n = len(tree_sizes), sum(tree_sizes), max(tree_sizes, default=0)
+
+    pages_per_request = [math.ceil(length / page) for length in prefix_lens]
+    used_pages = sum(pages_per_request)
+    pool = num_pages if num_pages is not None else used_pages + max(2, used_pages // 4)
+    if pool < used_pages:
+        raise ValueError(f"num_pages {pool} < the {used_pages} pages the prefixes need")
+    kv_indices = torch.randperm(pool, generator=g, device=device)[:used_pages].to(torch.int32)
+    kv_indptr = _indptr(pages_per_request, device)
+    kv_lens = torch.tensor(prefix_lens, dtype=torch.int32, device=device)
+    kv_cache = torch.randn(pool * page, dims.head_dim, generator=g, device=device, dtype=torch.bfloat16)
+    lens = kv_lens.long()
+    req = torch.repeat_interleave(torch.arange(batch, device=device), lens)
+    t = torch.arange(req.numel(), device=device) - (lens.cumsum(0) - lens)[req]
+    used_slots = kv_indices.long()[kv_indptr.long()[req] + t // page] * page + t % page
+    unused = torch.ones(pool * page, dtype=torch.bool, device=device)
+    unused[used_slots] = False
+    kv_cache[unused] = unused_fill
+
+    counts = torch.tensor(tree_sizes, device=device)
+    if dims.parents is not None:
+        parents = torch.tensor(dims.parents, device=device).expand(batch, n).contiguous()
+    elif tree_kind == "bits":
+        parents = None
+        own = torch.arange(n, device=device) < torch.repeat_interleave(counts, counts).unsqueeze(1)
+        dense = (torch.rand(sum_t, n, generator=g, device=device) < 0.5) & own
+        tree_mask = mask_from_dense(dense, dims.mask_words)
+    else:
+        parents = tree_parents(tree_kind, batch, n, generator=g, device=device)
+    if parents is not None:
+        tree_mask = mask_from_parents(parents, counts, words=dims.mask_words)
+
+    return VerifyInputs(
+        q=torch.randn(sum_t, dims.num_heads, dims.head_dim, generator=g, device=device, dtype=torch.bfloat16),
+        kv_cache=kv_cache,
+        k_tree=torch.randn(sum_t, dims.head_dim, generator=g, device=device, dtype=torch.bfloat16),
+        qo_indptr=_indptr(tree_sizes, device), kv_indptr=kv_indptr, kv_indices=kv_indices, kv_lens=kv_lens,
+        tree_mask=tree_mask, parents=parents, page_size=page, scale=dims.scale, value_dim=dims.value_dim,
+        static_tree=dims.parents is not None)
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill t in place with NaN (floating point) or its dtype's minimum (integers); returns t."""
+    return t.fill_(float("nan") if t.is_floating_point() else torch.iinfo(t.dtype).min)
+
+
+def _poisoned(t: torch.Tensor) -> torch.Tensor:
+    return torch.isnan(t) if t.is_floating_point() else t == torch.iinfo(t.dtype).min
+
+
+def _first(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(mask.nonzero()[0].tolist())
+
+
+def assert_all_written(t: torch.Tensor, name: str = "output") -> None:
+    """Every element of a poisoned output was overwritten."""
+    left = _poisoned(t)
+    if left.any():
+        raise AssertionError(f"{name}: {int(left.sum())} of {t.numel()} elements still hold the poison "
+                             f"(never written), first at {_first(left)}")
+
+
+def assert_close_attention(o, lse, o_ref, lse_ref, *, o_tol: float = 1e-2, lse_tol: float = 1e-3,
+                           row_tol: float | None = None, what: str = "attention") -> None:
+    """DESIGN §6: NaN never passes and -inf positions of lse must match the reference exactly
+    (rows that see nothing must have o = 0); then ||o - ref|| / ||ref|| <= o_tol over all of o,
+    and max |lse - ref| / (|ref| + 1) <= lse_tol over finite lse. Also every (token, head) row's
+    own relative L2 error must stay <= row_tol (default 5 * o_tol), so one broken row cannot hide
+    in the average."""
+    row_tol = 5 * o_tol if row_tol is None else row_tol
+    if tuple(o.shape) != tuple(o_ref.shape) or tuple(lse.shape) != tuple(lse_ref.shape):
+        raise AssertionError(f"{what}: shapes o {tuple(o.shape)}, lse {tuple(lse.shape)} differ from the "
+                             f"reference's o {tuple(o_ref.shape)}, lse {tuple(lse_ref.shape)}")
+    o, lse = o.double(), lse.double()
+    o_ref, lse_ref = o_ref.to(o.device, torch.float64), lse_ref.to(o.device, torch.float64)
+    for name, t in (("o", o), ("lse", lse)):
+        nan = torch.isnan(t)
+        if nan.any():
+            raise AssertionError(f"{what}: {name} has {int(nan.sum())} NaN of {t.numel()}, first at {_first(nan)}")
+    if torch.isinf(o).any():
+        raise AssertionError(f"{what}: o has {int(torch.isinf(o).sum())} infinite values, first at "
+                             f"{_first(torch.isinf(o))}")
+    if (lse == float("inf")).any():
+        raise AssertionError(f"{what}: lse is +inf at {_first(lse == float('inf'))}")
+    empty, empty_ref = lse == float("-inf"), lse_ref == float("-inf")
+    if not torch.equal(empty, empty_ref):
+        at = _first(empty != empty_ref)
+        raise AssertionError(f"{what}: lse is {lse[at].item()} at (token, head) {at} where the reference has "
+                             f"{lse_ref[at].item()}; {int((empty != empty_ref).sum())} positions disagree on -inf")
+    nonzero = empty_ref & (o != 0).any(-1)
+    if nonzero.any():
+        raise AssertionError(f"{what}: {int(nonzero.sum())} rows see no key but o != 0, first at {_first(nonzero)}")
+
+    ref_norm = torch.linalg.vector_norm(o_ref)
+    err_norm = torch.linalg.vector_norm(o - o_ref)
+    rel = (err_norm / ref_norm).item() if ref_norm > 0 else err_norm.item()
+    row_ref = torch.linalg.vector_norm(o_ref, dim=-1)
+    row_err = torch.linalg.vector_norm(o - o_ref, dim=-1)
+    row_rel = torch.where(row_ref > 0, row_err / row_ref, row_err)
+    worst = _first(row_rel == row_rel.max()) if row_rel.numel() else ()
+    if rel > o_tol:
+        raise AssertionError(f"{what}: o relative L2 error {rel:.3e} > {o_tol:.0e} (worst (token, head) {worst}: "
+                             f"{row_rel[worst].item():.3e})")
+    if row_rel.numel() and row_rel[worst] > row_tol:
+        raise AssertionError(f"{what}: o row (token, head) {worst} has relative L2 error "
+                             f"{row_rel[worst].item():.3e} > {row_tol:.0e} (whole-output error {rel:.3e})")
+
+    finite = ~empty_ref
+    lse_err = torch.where(finite, (lse - lse_ref).abs() / (lse_ref.abs() + 1), 0.0)
+    if lse_err.numel() and lse_err.max() > lse_tol:
+        at = _first(lse_err == lse_err.max())
+        raise AssertionError(f"{what}: lse error {lse_err[at].item():.3e} > {lse_tol:.0e} relative to |ref| + 1 "
+                             f"at (token, head) {at}: got {lse[at].item():.6f}, reference {lse_ref[at].item():.6f}")

@@ -1,0 +1,84 @@
+"""The benchmark's CPU-checkable parts: grid, derived specs, SGLang's verify layout, CLI, plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import kgen
+from bench import run as bench_run
+from bench.baseline import custom_mask, token_slots
+from kgen import reference
+from kgen.cli import app
+from kgen.testing import make_verify_inputs
+
+SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
+
+
+@pytest.fixture
+def glm5():
+    return kgen.load_spec(SPEC_DIR / "glm5_sm120.yaml")
+
+
+def test_grid_and_derived_specs(glm5):
+    shapes = bench_run.grid(glm5, quick=False, page_size=1, heads=bench_run.HEADS, trees=bench_run.TREES,
+                            contexts=bench_run.CONTEXTS, batches=bench_run.BATCHES, decode=True)
+    assert len(shapes) == 2 * 3 * 3 * 3 + 2 * 3 * 3  # verify grid + decode rows
+    assert bench_run.spec_for(glm5, 8, 64, 1) is glm5  # the spec itself wherever it fits
+    big = bench_run.spec_for(glm5, 16, 256, 64)
+    assert (big.model.num_q_heads, big.tree.nodes, big.cache.page_size) == (16, 256, 64)
+    assert big.model.softmax_scale == glm5.model.softmax_scale
+    quick = bench_run.grid(glm5, quick=True, page_size=1, heads=(), trees=(), contexts=(), batches=(), decode=True)
+    assert {s.H for s in quick} == {8} and any(s.decode for s in quick)
+
+
+def test_floor_work_matches_design(glm5):
+    kv, flops = bench_run.work(bench_run.Shape(8, 16, 131072, 1, 1), glm5)
+    assert kv == (131072 + 16) * 1152
+    assert flops == 2 * 16 * 8 * (131072 + 16) * (576 + 512)
+    kv, flops = bench_run.work(bench_run.Shape(8, 1, 4096, 2, 1), glm5)  # decode: prefix only
+    assert (kv, flops) == (2 * 4096 * 1152, 2 * 2 * 8 * 4096 * 1088)
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_sglang_verify_layout_means_the_same_attention(glm5, page, seed):
+    """Attention computed from what TritonVerify passes (token-level slots, flat [T, L + T]
+    masks) equals kgen's reference verify attention."""
+    g = torch.Generator().manual_seed(seed)
+    x = make_verify_inputs(glm5, [5, 16, 0, 3], [100, 0, 7, 130], page_size=page, generator=g)
+    qo, lens = x.qo_indptr.tolist(), x.kv_lens.tolist()
+    flat, mask_indptr = custom_mask(x.tree_mask, qo, lens)
+    slots = token_slots(x.kv_indptr, x.kv_indices, x.kv_lens, page)
+    assert slots.dtype == torch.int64 and slots.numel() == sum(lens)
+    ref_o, ref_lse = x.verify_ref()
+    kv_start = 0
+    for b in range(len(lens)):
+        s, e, length = qo[b], qo[b + 1], lens[b]
+        mask = flat[mask_indptr[b]:mask_indptr[b + 1]].view(e - s, length + e - s)
+        keys = torch.cat([x.kv_cache[slots[kv_start:kv_start + length]], x.k_tree[s:e]])
+        o, lse = reference.attend(x.q[s:e], keys, mask, x.scale, x.value_dim)
+        torch.testing.assert_close(o, ref_o[s:e])
+        torch.testing.assert_close(lse, ref_lse[s:e])
+        kv_start += length
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only error path")
+def test_kgen_bench_without_gpu_is_one_line():
+    result = CliRunner().invoke(app, ["bench", str(SPEC_DIR / "glm5_sm120.yaml"), "--quick"])
+    assert result.exit_code == 1
+    assert "needs a CUDA GPU" in result.output and "Traceback" not in result.output
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bench.plot import plot
+
+    rows = [dict(H=h, T=t, L=l, B=1, page_size=1, us=10.0, pct_floor=50.0 + l / 1e4, speedup_vs_triton=None if t == 1
+                 else 100.0) for h in (8, 16) for t in (1, 16) for l in (4096, 32768)]
+    path = plot({"spec": "glm5_sm120", "device": "test", "ceilings": {}, "rows": rows}, tmp_path / "p.png")
+    assert path.stat().st_size > 1000
+    json.dumps(rows)  # rows are plain JSON
