@@ -109,7 +109,7 @@ class Module:
                                 tree_mask=tree_mask if tree_mask is not None else 0, tree_work=tree_work,
                                 req_meta=req_meta, part_o=part_o[tree_base * bm:],
                                 part_lse=part_lse[tree_base * bm:])
-        self.k["lse_combine"](total, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr, req_meta=req_meta,
+        self.k["lse_combine"](total * m.num_q_heads, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr, req_meta=req_meta,
                               batch=batch, tree_slot_base=tree_base if tree is not None else -1, o=out, lse=lse)
         if validate:
             self._raise_device_errors(error, prefix is not None)

@@ -17,6 +17,30 @@ __device__ __forceinline__ float exp2_fast(float x) {
     return y;
 }
 
+// ---- block-wide reductions (blockDim.x a multiple of 32, at most 1024) ----
+
+struct Sum {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct Max {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Every thread gets the reduction of `v` over the block; `scratch` holds 32 floats.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
+    const Op op;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, off));
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = scratch[0];
+    for (int w = 1; w < warps; ++w) v = op(v, scratch[w]);
+    __syncthreads();  // scratch may be reused right after
+    return v;
+}
+
 // ---- asynchronous global -> shared copies (sm_80+) ----
 
 // Copy 16 bytes; when `pred` is false nothing is read and the destination is zero-filled.

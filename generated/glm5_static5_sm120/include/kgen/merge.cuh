@@ -14,8 +14,9 @@ struct StateMerge {
     __device__ __forceinline__ explicit StateMerge(float m) : max_lse(m) {}
     __device__ __forceinline__ bool empty() const { return max_lse == neg_inf(); }
     // Weight of a state with log-sum-exp `lse` (0 for an empty state).
+    __device__ __forceinline__ float weight(float lse) const { return lse == neg_inf() ? 0.f : __expf(lse - max_lse); }
     __device__ __forceinline__ float add(float lse) {
-        float w = lse == neg_inf() ? 0.f : __expf(lse - max_lse);
+        const float w = weight(lse);
         weight_sum += w;
         return w;
     }
@@ -55,46 +56,63 @@ __device__ __forceinline__ void merge_two(const T* __restrict__ o_a, const float
 
 namespace kgen {
 
-// Final output of verify/prefix/tree attention: for each token (one CTA) and head, merge the
-// request's split partials (and its tree partial when tree_slot_base >= 0) into o (bf16) and
-// lse. Each thread owns 4 of the DV output dims. See schedule.cuh for the slot layout.
+// Final output of verify/prefix/tree attention: one CTA per output row (token, head) merges
+// the request's split partials (and its tree partial when tree_slot_base >= 0) into o (bf16)
+// and lse; each thread owns 4 of the DV dims. Weights go through shared memory so the loop over
+// states issues independent loads (a dependent chain of L2 latencies per state was the cost).
+// See schedule.cuh for the slot layout.
 template <int HEADS, int DV, int BM>
 __device__ __forceinline__ void combine_partials(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                                                  const int* __restrict__ qo_indptr, const int4* __restrict__ req_meta,
                                                  int batch, int tree_slot_base, bf16* __restrict__ o,
                                                  float* __restrict__ lse) {
     static_assert(DV % 4 == 0, "4 dims per thread");
-    const int token = blockIdx.x;
+    constexpr int CHUNK = 256;  // states whose weights are staged at a time
+    __shared__ float weight[CHUNK];
+    __shared__ float scratch[32];
+    const long long out_row = blockIdx.x;  // token * HEADS + head
+    const int token = static_cast<int>(out_row / HEADS), h = static_cast<int>(out_row % HEADS);
     int lo = 0, hi = batch - 1;  // last request whose first token is <= token
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
         if (qo_indptr[mid] <= token) lo = mid; else hi = mid - 1;
     }
     const int4 meta = req_meta[lo];  // (first item, splits, first tree item, row tiles)
-    const int i = token - qo_indptr[lo];
+    const int r = (token - qo_indptr[lo]) * HEADS + h, row_tile = r / BM, row = r % BM;
     const int states = meta.y + (tree_slot_base >= 0 ? 1 : 0);
-    auto slot = [&](int s, int row_tile) {
-        return s < meta.y ? meta.x + s * meta.w + row_tile : tree_slot_base + meta.z + row_tile;
+    auto at = [&](int s) {  // index of (state s, this row) in part_lse; times DV in part_o
+        const long long slot = s < meta.y ? meta.x + s * meta.w + row_tile : tree_slot_base + meta.z + row_tile;
+        return slot * BM + row;
     };
-    for (int h = 0; h < HEADS; ++h) {
-        const int r = i * HEADS + h, row_tile = r / BM, row = r % BM;
-        float m = neg_inf();
-        for (int s = 0; s < states; ++s) m = fmaxf(m, part_lse[(long long)slot(s, row_tile) * BM + row]);
-        StateMerge merge(m);
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int s = 0; s < states; ++s) {
-            const long long sl = slot(s, row_tile);
-            const float w = merge.add(part_lse[sl * BM + row]);
-            if (w == 0.f) continue;
-            const float4 v = *reinterpret_cast<const float4*>(part_o + (sl * BM + row) * DV + threadIdx.x * 4);
-            acc[0] += w * v.x; acc[1] += w * v.y; acc[2] += w * v.z; acc[3] += w * v.w;
+
+    float m = neg_inf();
+    for (int s = threadIdx.x; s < states; s += blockDim.x) m = fmaxf(m, part_lse[at(s)]);
+    StateMerge merge(block_reduce<Max>(m, scratch));
+    float local_sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < states; s0 += CHUNK) {
+        const int n = min(CHUNK, states - s0);
+        for (int k = threadIdx.x; k < n; k += blockDim.x) {
+            const float w = merge.empty() ? 0.f : merge.weight(part_lse[at(s0 + k)]);
+            weight[k] = w;
+            local_sum += w;
         }
-        const float inv = merge.inv_weight();
-        const long long out = ((long long)token * HEADS + h);
-        uint2 packed = make_uint2(pack_bf16x2(acc[0] * inv, acc[1] * inv), pack_bf16x2(acc[2] * inv, acc[3] * inv));
-        *reinterpret_cast<uint2*>(o + out * DV + threadIdx.x * 4) = packed;
-        if (threadIdx.x == 0) lse[out] = merge.lse();
+        __syncthreads();
+#pragma unroll 4
+        for (int k = 0; k < n; ++k) {
+            const float w = weight[k];
+            const float4 v = *reinterpret_cast<const float4*>(part_o + at(s0 + k) * DV + threadIdx.x * 4);
+            if (w != 0.f) {  // a state that saw nothing adds nothing, whatever its o holds
+                acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
+            }
+        }
+        __syncthreads();
     }
+    merge.weight_sum = block_reduce<Sum>(local_sum, scratch);
+    const float inv = merge.inv_weight();
+    uint2 packed = make_uint2(pack_bf16x2(acc.x * inv, acc.y * inv), pack_bf16x2(acc.z * inv, acc.w * inv));
+    *reinterpret_cast<uint2*>(o + out_row * DV + threadIdx.x * 4) = packed;
+    if (threadIdx.x == 0) lse[out_row] = merge.lse();
 }
 
 }  // namespace kgen

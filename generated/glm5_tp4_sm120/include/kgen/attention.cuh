@@ -75,11 +75,12 @@ __device__ __forceinline__ PendingRow fetch_row(int row0, int limit, const Rows&
 }
 
 // Copy this thread's 16-byte chunks of its row into a staging buffer with cp.async; a row past
-// the end is zero-filled, so padding can never inject NaN/Inf into the MMAs.
+// the end is zero-filled, so padding can never inject NaN/Inf into the MMAs. A zero-fill still
+// names a source address: `fallback`, any valid global row (it is not read).
 template <class C, class Rows>
-__device__ __forceinline__ void load_row(bf16* buf, PendingRow p, const Rows& rows) {
+__device__ __forceinline__ void load_row(bf16* buf, PendingRow p, const Rows& rows, const bf16* fallback) {
     const bool valid = p.j >= 0;
-    const bf16* base = valid ? rows.row(p.j, p.fetched) : reinterpret_cast<const bf16*>(buf);  // unread if !valid
+    const bf16* base = valid ? rows.row(p.j, p.fetched) : fallback;
     bf16* dst = buf + loader_row<C>() * C::KV_STRIDE;
     const int lane_chunk = threadIdx.x % C::LOADERS_PER_ROW;
 #pragma unroll
@@ -124,11 +125,13 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
     const int group = warp % C::DIM_GROUPS;      // which dims this warp owns
     const int wrow0 = (warp / C::DIM_GROUPS) * C::WARP_ROWS;  // first query row of this warp
     const int g = lane / 4, q4 = lane % 4;       // mma fragment coordinates
+    const bf16* fallback = q_rows.row(0, 0);     // a CTA exists only for rows that exist
 
     // Q fragments for this warp's rows and key dims, staged once through the KV ring.
 #pragma unroll
     for (int r0 = 0; r0 < C::BM; r0 += C::BN)
-        load_row<C>(kv + r0 * C::KV_STRIDE, fetch_row<C>(r0, num_rows < C::BM ? num_rows : C::BM, q_rows), q_rows);
+        load_row<C>(kv + r0 * C::KV_STRIDE, fetch_row<C>(r0, num_rows < C::BM ? num_rows : C::BM, q_rows), q_rows,
+                    fallback);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -157,7 +160,7 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
 
     auto stage = [&](int tile) { return kv + (tile % C::STAGES) * C::BN * C::KV_STRIDE; };
     for (int t = tile_begin; t < tile_begin + C::STAGES - 1; ++t) {
-        if (t < tile_end) load_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys);
+        if (t < tile_end) load_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys, fallback);
         cp_async_commit();
     }
     PendingRow next_row = fetch_row<C>((tile_begin + C::STAGES - 1) * C::BN, num_keys, keys);
@@ -167,7 +170,7 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
         __syncthreads();  // tile is staged; everyone is done with the buffer refilled next
         {
             const int next = tile + C::STAGES - 1;
-            if (next < tile_end) load_row<C>(stage(next), next_row, keys);
+            if (next < tile_end) load_row<C>(stage(next), next_row, keys, fallback);
             cp_async_commit();
             next_row = fetch_row<C>((next + 1) * C::BN, num_keys, keys);
         }
