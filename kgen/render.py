@@ -4,6 +4,7 @@ error, never an empty string). Templates inject values; loops and math stay in t
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -74,6 +75,8 @@ def manifest(plan: Plan) -> dict:
         "tiles": {"bm": plan.tiles.bm, "bn": plan.tiles.bn, "warps_m": plan.tiles.warps_m,
                   "stages": plan.tiles.stages, "threads": plan.tiles.threads},
         "budget": plan.budget,
+        # The sources include these headers from templates/; their hashes tie the golden to them.
+        "headers": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in headers().items()},
         "variants": [
             {"kernel": v.kernel, "name": v.name, "variant_id": v.variant_id, "file": f"{v.name}.cu",
              "threads": v.threads, "smem_bytes": v.smem_bytes, "min_blocks": v.min_blocks,
@@ -86,7 +89,6 @@ def manifest(plan: Plan) -> dict:
 def generated_files(plan: Plan) -> dict[str, str]:
     """Relative path -> text of everything in generated/<spec name>/."""
     files = {f"{v.name}.cu": render(v) for v in plan.variants}
-    files.update({f"include/{name}": text for name, text in headers().items()})
     files["manifest.json"] = json.dumps(manifest(plan), indent=2, sort_keys=True) + "\n"
     return files
 
