@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .timing import events_ms
+
 MMA_SOURCE = Path(__file__).with_name("mma_peak.cu")
 MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16 MMA
 MMA_NACC = 8  # independent accumulators per warp (NACC in mma_peak.cu)
@@ -37,18 +39,6 @@ class Ceilings:
         return asdict(self)
 
 
-def _events_ms(fn, reps: int) -> list[float]:
-    """Time `reps` back-to-back calls, each between its own pair of CUDA events."""
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
-
-
 def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, reps: int = 10) -> tuple[float, int, list[float]]:
     """Median device-to-device copy rate of an `nbytes` buffer, in TB/s of bytes read + written.
     Shrinks the buffer only if two of them do not fit in half of the free memory."""
@@ -58,7 +48,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, reps: int = 10) 
     dst = torch.empty_like(src)
     for _ in range(2):
         dst.copy_(src)
-    ms = _events_ms(lambda: dst.copy_(src), reps)
+    ms = events_ms(lambda: dst.copy_(src), reps)
     del src, dst
     torch.cuda.empty_cache()
     return 2 * nbytes / (statistics.median(ms) * 1e-3) / 1e12, nbytes, ms
@@ -97,9 +87,9 @@ def mma_rate(device: torch.device, target_ms: float = 5.0, reps: int = 10):
     """Median mma.sync bf16 -> fp32 rate in TFLOP/s, with launches of about target_ms each."""
     kernel = _MmaKernel(device)
     iters = 1024
-    ms = statistics.median(_events_ms(lambda: kernel(iters), 3))
+    ms = statistics.median(events_ms(lambda: kernel(iters), 3))
     iters = max(1024, int(iters * target_ms / max(ms, 1e-3)))
-    ms = _events_ms(lambda: kernel(iters), reps)
+    ms = events_ms(lambda: kernel(iters), reps)
     flops = kernel.flops(iters)
     return flops / (statistics.median(ms) * 1e-3) / 1e12, flops, ms, kernel.grid, kernel.arch
 

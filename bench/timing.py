@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 import torch
 
 
-def _replay_ms(run: Callable[[], None], reps: int) -> list[float]:
+def events_ms(run: Callable[[], None], reps: int) -> list[float]:
+    """Milliseconds of `reps` back-to-back calls, each between its own pair of CUDA events."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
@@ -48,8 +49,8 @@ def time_rotation(calls: Sequence[Callable[[], object]], *, graph: bool = True, 
         run = g.replay
     else:
         run = run_all
-    first = _replay_ms(run, 1)[0]
+    first = events_ms(run, 1)[0]
     reps = int(min(max_reps, max(min_reps, budget_ms / max(first, 1e-3))))
-    ms = statistics.median(_replay_ms(run, reps))
+    ms = statistics.median(events_ms(run, reps))
     del g
     return ms * 1e3 / len(calls)

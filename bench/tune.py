@@ -3,12 +3,14 @@
     python -m bench.tune --spec specs/glm5_sm120.yaml --tiles 32,32,2,2,1 16,16,1,2,2
 
 Each tiling is BM,BN,WARPS_M,STAGES,MIN_BLOCKS. Every run checks the output against the float64
-reference on a small shape first; timings are CUDA-graph replays over rotating input sets.
+reference on a small shape first; timings are CUDA-graph replays over rotating input sets
+(bench/timing.py).
 """
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import torch
 
@@ -18,24 +20,7 @@ from kgen.plan import AttentionTiles
 from kgen.spec import TargetSpec
 from kgen.testing import assert_close_attention, make_verify_inputs
 
-
-def time_graph(fn, sets: int, iters: int = 20) -> float:
-    """Median µs of one call, replaying a graph that cycles through `sets` input sets."""
-    g = torch.cuda.CUDAGraph()
-    fn(0)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        for i in range(sets):
-            fn(i)
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / sets)
-    return sorted(times)[len(times) // 2]
+from .timing import time_rotation
 
 
 def main() -> None:
@@ -64,7 +49,7 @@ def main() -> None:
             b, t, l = (int(x) for x in shape.split(","))
             sets = max(2, min(8, int(4e9 // (b * l * 1152 * 2))))
             ins = [make_verify_inputs(spec, [t] * b, [l] * b, generator=gen, device="cuda") for _ in range(sets)]
-            us = time_graph(lambda i: mod.verify_attention(*ins[i].verify_args()), sets)
+            us = time_rotation([partial(mod.verify_attention, *x.verify_args()) for x in ins])
             flops = 2 * b * t * spec.model.num_q_heads * (l + t) * (spec.model.head_dim + spec.model.value_dim)
             print(f"{spec.target.arch} tiles {text} regs {regs['prefix_attn']}/{regs['tree_attn']} B={b} T={t} L={l}: "
                   f"{us:.1f} us, {flops / us / 1e6:.1f} TFLOP/s", flush=True)
