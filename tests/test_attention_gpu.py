@@ -1,0 +1,255 @@
+"""verify_attention, prefix_attention and tree_attention on the GPU against the float64 reference
+(DESIGN §5, §6): fresh random batches every run, outputs poisoned and passed as out=/lse=."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs,
+                          poison_)
+
+pytestmark = pytest.mark.gpu
+
+# Random batches per spec: heads 8 / 16 / 128, page sizes 1 / 16 / 64, dynamic trees up to 64 /
+# 1024 / 16 nodes, and the static 5-node tree.
+RANDOM_CASES = {"glm5_sm120": 60, "glm5_tp4_sm120": 40, "deepseek_v3_sm120": 40, "glm5_p16_sm120": 40,
+                "glm5_static5_sm120": 20}
+DYNAMIC_SPECS = ["glm5_sm120", "glm5_tp4_sm120", "deepseek_v3_sm120", "glm5_p16_sm120"]
+MAX_ROWS = 1 << 17  # sum T * H of one random batch
+MAX_LOGITS = 1 << 28  # sum over requests of T * H * (L + T): keeps the float64 reference quick
+
+
+def generator(device, seed: int) -> torch.Generator:
+    return torch.Generator(device).manual_seed(seed)
+
+
+def random_batch(dims: Dims, rng: random.Random) -> tuple[list[int], list[int], str]:
+    """Tree sizes, prefix lengths and a tree kind: B from 1 to 64, T from 0 to max_nodes (with 1
+    and max_nodes often), L from 0 to ~40k (tile edges, odd lengths, empty prefixes)."""
+    batch = rng.choice([1, 1, 2, 3, 5, 8, 16, 33, 64])
+    n = dims.max_nodes
+    if dims.parents is not None:
+        sizes = [n] * batch
+    else:
+        sizes = [rng.choice([1, n, rng.randint(1, n), rng.randint(0, min(n, 16))]) for _ in range(batch)]
+        sizes[0] = sizes[0] or 1
+        while sum(sizes) * dims.num_heads > MAX_ROWS:
+            sizes = [max(1, t // 2) for t in sizes]
+    lens = [rng.choice([0, rng.randint(1, 64), rng.randint(1, 2048), rng.randint(2048, 40000)]) for _ in sizes]
+    while sum(t * dims.num_heads * (length + t) for t, length in zip(sizes, lens)) > MAX_LOGITS:
+        lens[lens.index(max(lens))] //= 2
+    return sizes, lens, rng.choice(TREE_KINDS)
+
+
+def check_ops(mod, inp, what: str) -> None:
+    """Each op into poisoned out=/lse= vs the reference, and merge(prefix, tree) vs verify."""
+    results = {}
+    for op, args, ref in (("verify_attention", inp.verify_args(), inp.verify_ref),
+                          ("prefix_attention", inp.prefix_args(), inp.prefix_ref),
+                          ("tree_attention", inp.tree_args(), inp.tree_ref)):
+        out, lse = inp.outputs()
+        got = getattr(mod, op)(*args, out=out, lse=lse)
+        assert got[0].data_ptr() == out.data_ptr() and got[1].data_ptr() == lse.data_ptr(), \
+            f"{what}: {op} did not return the out=/lse= tensors it was given"
+        assert_all_written(out, f"{what}: {op} out")
+        assert_all_written(lse, f"{what}: {op} lse")
+        expected = ref()
+        assert_close_attention(out, lse, *expected, what=f"{what}: {op}")
+        results[op] = out, lse, expected
+    merged = mod.merge_states(*results["prefix_attention"][:2], *results["tree_attention"][:2])
+    assert_close_attention(*merged, *results["verify_attention"][2], what=f"{what}: merge_states(prefix, tree)")
+
+
+def describe(spec_name, inp, kind) -> str:
+    sizes = inp.qo_indptr.diff().tolist()
+    return f"{spec_name} B={len(sizes)} T={sizes} L={inp.kv_lens.tolist()} P={inp.page_size} {kind}"
+
+
+@pytest.mark.parametrize("spec_name,case", [(s, i) for s, n in RANDOM_CASES.items() for i in range(n)])
+def test_random_batches_match_the_reference(module_for, cuda, seed, spec_name, case):
+    mod = module_for(spec_name)
+    dims = Dims.of(mod.spec)
+    sizes, lens, kind = random_batch(dims, random.Random(seed))
+    inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda, generator=generator(cuda, seed))
+    check_ops(mod, inp, describe(spec_name, inp, kind))
+
+
+def edge_batches(n: int, rng: random.Random) -> dict[str, tuple[list[int], list[int]]]:
+    """Named (tree sizes, prefix lengths) for a dynamic tree of up to n nodes."""
+    many = [rng.randint(0, min(n, 24)) for _ in range(64)]
+    many[0] = max(1, many[0])
+    return {
+        "L0_T1": ([1], [0]),
+        "no_prefix": ([3, n, 1], [0, 0, 0]),
+        "T_max": ([n], [100]),
+        "T0_requests": ([0, min(5, n), 0, min(3, n), 0], [10, 0, 7, 33, 0]),
+        "L_not_tile_multiple": ([min(4, n)] * 9, [1, 31, 33, 63, 65, 127, 129, 1000, 4097]),
+        "B64_mixed": (many, [rng.choice([0, 1, rng.randint(1, 3000)]) for _ in many]),
+    }
+
+
+@pytest.mark.parametrize("edge", list(edge_batches(8, random.Random(0))))
+@pytest.mark.parametrize("spec_name", DYNAMIC_SPECS)
+def test_edge_batches_match_the_reference(module_for, cuda, seed, spec_name, edge):
+    mod = module_for(spec_name)
+    dims = Dims.of(mod.spec)
+    rng = random.Random(seed)
+    sizes, lens = edge_batches(dims.max_nodes, rng)[edge]
+    kind = rng.choice(TREE_KINDS)
+    inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda, generator=generator(cuda, seed))
+    check_ops(mod, inp, f"{edge}: {describe(spec_name, inp, kind)}")
+
+
+@pytest.mark.parametrize("spec_name", DYNAMIC_SPECS)
+def test_rows_that_see_nothing_get_zero_and_minus_inf(module_for, cuda, seed, spec_name):
+    mod = module_for(spec_name)
+    inp = make_verify_inputs(Dims.of(mod.spec), [4, 3], [0, 5], device=cuda, generator=generator(cuda, seed))
+    inp.tree_mask[1] = 0  # no prefix, no tree token: verify and tree rows 1 are empty
+    inp.tree_mask[5] = 0  # a prefix only: tree row 5 is empty
+    inp.parents = None
+    check_ops(mod, inp, f"blind rows: {describe(spec_name, inp, 'random')}")
+
+
+@pytest.mark.parametrize("spec_name,sizes,lens", [
+    ("glm5_sm120", [16], [131072]),
+    ("glm5_sm120", [64, 7], [131071, 65537]),
+    ("glm5_tp4_sm120", [256], [131072]),
+    ("deepseek_v3_sm120", [16], [131067]),
+    ("glm5_p16_sm120", [16, 1], [100003, 131072]),
+    ("glm5_static5_sm120", [5, 5], [131072, 77]),
+])
+def test_long_prefixes_match_the_reference(module_for, cuda, seed, spec_name, sizes, lens):
+    mod = module_for(spec_name)
+    inp = make_verify_inputs(Dims.of(mod.spec), sizes, lens, device=cuda, generator=generator(cuda, seed))
+    check_ops(mod, inp, describe(spec_name, inp, "random"))
+
+
+def test_ops_allocate_outputs_when_none_are_given(module_for, cuda, seed):
+    mod = module_for("glm5_sm120")
+    inp = make_verify_inputs(Dims.of(mod.spec), [7, 30], [300, 45], device=cuda, generator=generator(cuda, seed))
+    o, lse = mod.verify_attention(*inp.verify_args())
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32 and o.device == lse.device == inp.q.device
+    assert_close_attention(o, lse, *inp.verify_ref(), what="verify_attention without out=/lse=")
+
+
+def load(buffers: dict, inp) -> None:
+    """Copy a batch into the captured buffers; kv_indices past the batch's pages get an unused page."""
+    for name, buf in buffers.items():
+        src = getattr(inp, name)
+        if name == "kv_indices":
+            spare = torch.ones(buf.numel(), dtype=torch.bool, device=buf.device)
+            spare[src.long()] = False
+            buf.fill_(int(spare.nonzero()[0]))
+            buf[:src.numel()] = src
+        else:
+            buf.copy_(src)
+
+
+@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_p16_sm120", "deepseek_v3_sm120", "glm5_static5_sm120"])
+def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, seed, spec_name):
+    mod = module_for(spec_name)
+    dims = Dims.of(mod.spec)
+    rng, g = random.Random(seed), generator(cuda, seed)
+    sizes = [dims.max_nodes if dims.parents else rng.randint(1, dims.max_nodes) for _ in range(4)]
+    max_len = 3000
+    pool = len(sizes) * math.ceil(max_len / dims.page_size) + 4
+
+    def batch(lens):
+        return make_verify_inputs(dims, sizes, lens, tree_kind=rng.choice(TREE_KINDS), device=cuda, generator=g,
+                                  num_pages=pool)
+
+    captured = batch([rng.randint(0, 64) for _ in sizes])  # captured with short prefixes, replayed with long
+    buffers = {name: getattr(captured, name).clone() for name in
+               ("q", "kv_cache", "k_tree", "qo_indptr", "kv_indptr", "kv_lens", "tree_mask")}
+    buffers["kv_indices"] = torch.empty(pool, dtype=torch.int32, device=cuda)
+    load(buffers, captured)
+    args = [buffers[n] for n in ("q", "kv_cache", "k_tree", "qo_indptr", "kv_indptr", "kv_indices", "kv_lens")]
+    args.append(None if captured.static_tree else buffers["tree_mask"])
+    out, lse = captured.outputs()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as torch advises before capture
+        mod.verify_attention(*args, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mod.verify_attention(*args, out=out, lse=lse)
+
+    for replay, lens in enumerate([[max_len] * 4, [0, max_len, 1, max_len - 1],
+                                   [rng.randint(0, max_len) for _ in sizes], [0] * 4]):
+        inp = batch(lens)
+        load(buffers, inp)
+        poison_(out)
+        poison_(lse)
+        graph.replay()
+        what = f"graph replay {replay}: {describe(spec_name, inp, 'replayed')}"
+        assert_all_written(out, f"{what} out")
+        assert_all_written(lse, f"{what} lse")
+        assert_close_attention(out, lse, *inp.verify_ref(), what=what)
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+OP_ARGS = {
+    "verify_attention": ("q", "kv_cache", "k_tree", "qo_indptr", "kv_indptr", "kv_indices", "kv_lens", "tree_mask"),
+    "prefix_attention": ("q", "kv_cache", "qo_indptr", "kv_indptr", "kv_indices", "kv_lens"),
+    "tree_attention": ("q", "k_tree", "qo_indptr", "tree_mask"),
+}
+
+# (what is wrong, the argument the error must name, how to break a valid call's keyword arguments)
+BAD_INPUTS = [
+    ("q is float16", "q", lambda a: {"q": a["q"].half()}),
+    ("q is on the CPU", "q", lambda a: {"q": a["q"].cpu()}),
+    ("q is not a tensor", "q", lambda a: {"q": None}),
+    ("q has rank 2", "q", lambda a: {"q": a["q"][:, 0].contiguous()}),
+    ("q has twice the spec's heads", "q", lambda a: {"q": a["q"].repeat(1, 2, 1)}),
+    ("q is not contiguous", "q", lambda a: {"q": a["q"].transpose(0, 1).contiguous().transpose(0, 1)}),
+    ("kv_cache is 512 wide", "kv_cache", lambda a: {"kv_cache": a["kv_cache"][:, :512].contiguous()}),
+    ("kv_cache is float32", "kv_cache", lambda a: {"kv_cache": a["kv_cache"].float()}),
+    ("k_tree misses a row", "k_tree", lambda a: {"k_tree": a["k_tree"][:-1].contiguous()}),
+    ("qo_indptr is int64", "qo_indptr", lambda a: {"qo_indptr": a["qo_indptr"].long()}),
+    ("kv_indptr has B entries", "kv_indptr", lambda a: {"kv_indptr": a["kv_indptr"][:-1].contiguous()}),
+    ("kv_lens has B - 1 entries", "kv_lens", lambda a: {"kv_lens": a["kv_lens"][:-1].contiguous()}),
+    ("kv_indices is int64", "kv_indices", lambda a: {"kv_indices": a["kv_indices"].long()}),
+    ("kv_indices has rank 2", "kv_indices", lambda a: {"kv_indices": a["kv_indices"].unsqueeze(0)}),
+    ("tree_mask is narrower than max_nodes", "tree_mask", lambda a: {"tree_mask": a["tree_mask"][:, :1].contiguous()}),
+    ("tree_mask misses a row", "tree_mask", lambda a: {"tree_mask": a["tree_mask"][:-1].contiguous()}),
+    ("tree_mask is int64", "tree_mask", lambda a: {"tree_mask": a["tree_mask"].long()}),
+    ("out is float32", "out", lambda a: {"out": torch.empty(*a["q"].shape[:2], 512, device=a["q"].device)}),
+    ("lse has an extra head", "lse", lambda a: {"lse": torch.empty(a["q"].shape[0], a["q"].shape[1] + 1,
+                                                                   device=a["q"].device)}),
+]
+
+
+@pytest.mark.parametrize("op,wrong,arg,breaks", [
+    (op, wrong, arg, breaks) for op, names in OP_ARGS.items() for wrong, arg, breaks in BAD_INPUTS
+    if arg in names + ("out", "lse")
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_input_raises_an_error_naming_the_argument(module_for, cuda, seed, op, wrong, arg, breaks):
+    mod = module_for("glm5_sm120")  # max_nodes 64: two mask words per row
+    inp = make_verify_inputs(Dims.of(mod.spec), [5, 64, 2], [40, 7, 0], device=cuda, generator=generator(cuda, seed))
+    kwargs = {name: getattr(inp, name) for name in OP_ARGS[op]}
+    kwargs.update(breaks(kwargs))
+    with pytest.raises((ValueError, TypeError), match=rf"\b{arg}\b"):
+        getattr(mod, op)(**kwargs)
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("arg,breaks", [
+    ("kv_indices", lambda inp: inp.kv_indices.fill_(inp.kv_cache.shape[0] + 1000)),
+    ("kv_lens", lambda inp: inp.kv_lens.fill_(-3)),
+    ("kv_lens", lambda inp: inp.kv_lens.add_(1000)),  # more tokens than the request's pages hold
+], ids=["page_past_kv_cache", "negative_length", "length_past_pages"])
+def test_validate_mode_checks_indices_on_the_device(module_for, cuda, seed, monkeypatch, arg, breaks):
+    monkeypatch.setenv("KGEN_VALIDATE", "1")
+    mod = module_for("glm5_p16_sm120")
+    inp = make_verify_inputs(Dims.of(mod.spec), [5, 3], [40, 7], device=cuda, generator=generator(cuda, seed))
+    breaks(inp)
+    with pytest.raises(ValueError, match=rf"\b{arg}\b"):
+        mod.verify_attention(*inp.verify_args())
+        torch.cuda.synchronize()
