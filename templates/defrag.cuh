@@ -8,7 +8,7 @@
 
 namespace kgen {
 
-constexpr int DEFRAG_LAYER_UNROLL = 4;  // loads in flight per thread before the stores
+constexpr int DEFRAG_LAYER_UNROLL = 8;  // loads in flight per thread before the stores
 
 __device__ __forceinline__ void defrag_phase(const long long* __restrict__ layers,
                                              const long long* __restrict__ src,
