@@ -89,28 +89,32 @@ class Module:
         tree_work = torch.empty(tree_cap, 2, dtype=torch.int32, device=dev)
         req_meta = torch.empty(batch, 4, dtype=torch.int32, device=dev)
         max_nodes = self.spec.tree.nodes if tree is not None else total
+        fused = prefix is not None and tree is not None  # verify: the tree rides on each row tile's last split
         self.k["schedule"](1, qo_indptr=qo_indptr, kv_lens=kv_lens, batch=batch, target_ctas=target,
-                           min_split_tiles=MIN_SPLIT_TILES, work_capacity=cap, tree_capacity=tree_cap,
-                           total_tokens=total, max_nodes=max_nodes, validate=int(validate), error_flag=error,
-                           work=work, tree_work=tree_work, req_meta=req_meta)
+                           min_split_tiles=MIN_SPLIT_TILES, min_splits=int(fused), work_capacity=cap,
+                           tree_capacity=tree_cap, total_tokens=total, max_nodes=max_nodes, validate=int(validate),
+                           error_flag=error, work=work, tree_work=tree_work, req_meta=req_meta)
 
         bm, dv = self.plan.tiles.bm, m.value_dim
-        slots = (cap if prefix is not None else 0) + (tree_cap if tree is not None else 0)
+        slots = cap if prefix is not None else tree_cap
         part_o = torch.empty(slots * bm, dv, dtype=torch.float32, device=dev)
         part_lse = torch.empty(slots * bm, dtype=torch.float32, device=dev)
+        mask_ptr = (tree_mask if tree_mask is not None else 0) if tree is not None else None
         if prefix is not None:
-            self.k["prefix_attn"](cap, q=q, kv_cache=kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                                  kv_indices=kv_indices, kv_lens=kv_lens, work=work, part_o=part_o,
-                                  part_lse=part_lse, num_slots=kv_cache.shape[0], validate=int(validate),
-                                  error_flag=error)
-        tree_base = cap if prefix is not None else 0
-        if tree is not None:
-            self.k["tree_attn"](tree_cap, q=q, k_tree=k_tree, qo_indptr=qo_indptr,
-                                tree_mask=tree_mask if tree_mask is not None else 0, tree_work=tree_work,
-                                req_meta=req_meta, part_o=part_o[tree_base * bm:],
-                                part_lse=part_lse[tree_base * bm:])
-        self.k["lse_combine"](total * m.num_q_heads, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr, req_meta=req_meta,
-                              batch=batch, tree_slot_base=tree_base if tree is not None else -1, o=out, lse=lse)
+            args = dict(q=q, kv_cache=kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                        kv_lens=kv_lens, work=work, part_o=part_o, part_lse=part_lse, num_slots=kv_cache.shape[0],
+                        validate=int(validate), error_flag=error)
+            if fused:
+                self.k["verify_attn"](cap, **args, k_tree=k_tree, tree_mask=mask_ptr)
+            else:
+                self.k["prefix_attn"](cap, **args)
+        else:
+            self.k["tree_attn"](tree_cap, q=q, k_tree=k_tree, qo_indptr=qo_indptr, tree_mask=mask_ptr,
+                                tree_work=tree_work, req_meta=req_meta, part_o=part_o, part_lse=part_lse)
+        # Tree-only: the tree partials sit where prefix splits would (slot = first tree item + row tile).
+        self.k["lse_combine"](total * m.num_q_heads, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr,
+                              req_meta=req_meta, batch=batch, tree_slot_base=0 if prefix is None else -1,
+                              o=out, lse=lse)
         if validate:
             self._raise_device_errors(error, prefix is not None)
         return out, lse

@@ -197,34 +197,38 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
         threads=1024, smem_bytes=0, min_blocks=1,
         constants={"HEADS": m.num_q_heads, "BM": tiles.bm, "BN": tiles.bn, "PAGE_SIZE": spec.cache.page_size},
         params=_params("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens",
-                       "int batch", "int target_ctas", "int min_split_tiles", "int work_capacity",
+                       "int batch", "int target_ctas", "int min_split_tiles", "int min_splits", "int work_capacity",
                        "int tree_capacity", "int total_tokens", "int max_nodes", "int validate",
                        "int* __restrict__ error_flag", "int4* __restrict__ work",
                        "int2* __restrict__ tree_work", "int4* __restrict__ req_meta"),
         tag=tag,
     ))
 
-    variants.append(Variant(
-        kernel="prefix_attn", name="prefix_attn", template="prefix_attn.cu.j2",
-        threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
-        constants={**attn, "PAGE_SIZE": spec.cache.page_size},
-        params=_params(f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ kv_cache",
-                       "const int* __restrict__ qo_indptr", "const int* __restrict__ kv_indptr",
-                       "const int* __restrict__ kv_indices", "const int* __restrict__ kv_lens",
-                       "const int4* __restrict__ work", "float* __restrict__ part_o",
-                       "float* __restrict__ part_lse", "long long num_slots", "int validate",
-                       "int* __restrict__ error_flag"),
-        tag=tag,
-    ))
-
-    tree_consts = {**attn, "MASK_WORDS": spec.tree.mask_words, "STATIC_TREE": int(spec.tree.is_static)}
+    tree_consts = {"MASK_WORDS": spec.tree.mask_words, "STATIC_TREE": int(spec.tree.is_static)}
     if spec.tree.is_static:
         from .mask import static_mask_words  # local: plan -> mask is only needed for static trees
         tree_consts["STATIC_MASK"] = static_mask_words(spec.tree.parents)
+    prefix_params = (f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ kv_cache",
+                     "const int* __restrict__ qo_indptr", "const int* __restrict__ kv_indptr",
+                     "const int* __restrict__ kv_indices", "const int* __restrict__ kv_lens",
+                     "const int4* __restrict__ work", "float* __restrict__ part_o",
+                     "float* __restrict__ part_lse", "long long num_slots", "int validate",
+                     "int* __restrict__ error_flag")
+    for name, fuse_tree in (("prefix_attn", False), ("verify_attn", True)):
+        variants.append(Variant(
+            kernel="prefix_attn", name=name, template="prefix_attn.cu.j2",
+            threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
+            constants={**attn, "PAGE_SIZE": spec.cache.page_size, "FUSE_TREE": int(fuse_tree),
+                       **(tree_consts if fuse_tree else {})},
+            params=_params(*prefix_params, *((f"const {BF16}* __restrict__ k_tree",
+                                              "const int* __restrict__ tree_mask") if fuse_tree else ())),
+            tag=tag,
+        ))
+
     variants.append(Variant(
         kernel="tree_attn", name="tree_attn", template="tree_attn.cu.j2",
         threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
-        constants=tree_consts,
+        constants={**attn, **tree_consts},
         params=_params(f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ k_tree",
                        "const int* __restrict__ qo_indptr", "const int* __restrict__ tree_mask",
                        "const int2* __restrict__ tree_work", "const int4* __restrict__ req_meta",

@@ -105,62 +105,80 @@ __device__ __forceinline__ int key_dim(int group, int ks) {
     return ks < C::K_STEPS_NOPE ? group * C::DV_G + ks * 16 : C::DV + group * C::ROPE_G + (ks - C::K_STEPS_NOPE) * 16;
 }
 
-// Attention of this CTA's BM query rows over key rows [tile_begin*BN, tile_end*BN) of a range
-// of num_keys keys.
-//   q_rows:        row source of the queries (rows >= num_rows are padding)
-//   keys:          row source of the key/value rows of the range (rows < num_keys)
-//   visible(r, t): whether query row r sees key t < num_keys
-// Writes part_o[BM][DV] (normalized) and part_lse[BM] (natural log; -inf for rows that saw nothing).
-template <class C, class QRows, class Keys, class Visible>
-__device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_rows, const Keys& keys, int num_keys,
-                                       Visible visible, int tile_begin, int tile_end, float scale_log2, float* __restrict__ part_o,
-                                       float* __restrict__ part_lse) {
+// Per-thread state of a CTA attending BM query rows: the warp's Q fragments (for its key dims),
+// its O accumulator (for its value dims), and the online-softmax state of row red_row, kept
+// identically by that row's RED_THREADS reducers.
+template <class C>
+struct AttnState {
+    unsigned qf[C::M_TILES][C::K_STEPS][4];
+    float o_acc[C::M_TILES][C::DV_G / 8][4];
+    float row_max, row_sum;
+    const bf16* fallback;  // a valid global row, the source address named by zero-filled copies
+};
+
+struct WarpCoords {
+    int lane, group, wrow0, g, q4, red_row, red_col0;
+    template <class C>
+    __device__ __forceinline__ static WarpCoords of() {
+        const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+        return {lane,
+                warp % C::DIM_GROUPS,                      // which dims this warp owns
+                (warp / C::DIM_GROUPS) * C::WARP_ROWS,     // first query row of this warp
+                lane / 4, lane % 4,                        // mma fragment coordinates
+                static_cast<int>(threadIdx.x) / C::RED_THREADS,
+                (static_cast<int>(threadIdx.x) % C::RED_THREADS) * C::RED_COLS};
+    }
+};
+
+// Load Q (rows >= num_rows are padding) into fragments, staged through the KV ring; zero O.
+template <class C, class QRows>
+__device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows) {
     bf16* kv = reinterpret_cast<bf16*>(smem);
-    float* s_part = reinterpret_cast<float*>(smem + C::S_OFF);
-    bf16* p_smem = reinterpret_cast<bf16*>(smem + C::P_OFF);
-    float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
-    float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int group = warp % C::DIM_GROUPS;      // which dims this warp owns
-    const int wrow0 = (warp / C::DIM_GROUPS) * C::WARP_ROWS;  // first query row of this warp
-    const int g = lane / 4, q4 = lane % 4;       // mma fragment coordinates
-    const bf16* fallback = q_rows.row(0, 0);     // a CTA exists only for rows that exist
-
-    // Q fragments for this warp's rows and key dims, staged once through the KV ring.
+    const WarpCoords w = WarpCoords::of<C>();
+    st.fallback = q_rows.row(0, 0);  // a CTA exists only for rows that exist
 #pragma unroll
     for (int r0 = 0; r0 < C::BM; r0 += C::BN)
         load_row<C>(kv + r0 * C::KV_STRIDE, fetch_row<C>(r0, num_rows < C::BM ? num_rows : C::BM, q_rows), q_rows,
-                    fallback);
+                    st.fallback);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    unsigned qf[C::M_TILES][C::K_STEPS][4];
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
         for (int ks = 0; ks < C::K_STEPS; ++ks) {
-            const int r = wrow0 + mt * 16 + (lane % 16);
-            ldmatrix_x4(qf[mt][ks], kv + r * C::KV_STRIDE + key_dim<C>(group, ks) + (lane / 16) * 8);
+            const int r = w.wrow0 + mt * 16 + (w.lane % 16);
+            ldmatrix_x4(st.qf[mt][ks], kv + r * C::KV_STRIDE + key_dim<C>(w.group, ks) + (w.lane / 16) * 8);
         }
     __syncthreads();
-
-    float o_acc[C::M_TILES][C::DV_G / 8][4];
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
         for (int n = 0; n < C::DV_G / 8; ++n)
 #pragma unroll
-            for (int k = 0; k < 4; ++k) o_acc[mt][n][k] = 0.f;
+            for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
+    st.row_max = neg_inf();
+    st.row_sum = 0.f;
+}
 
-    // Softmax state of row red_row, kept (identically) by its RED_THREADS reducers.
-    const int red_row = threadIdx.x / C::RED_THREADS;
-    const int red_col0 = (threadIdx.x % C::RED_THREADS) * C::RED_COLS;
-    float row_max = neg_inf(), row_sum = 0.f;
+// Attend over key rows [tile_begin*BN, tile_end*BN) of a range of num_keys keys, continuing the
+// online softmax in `st` (so several ranges — a prefix split, then the tree — form one state).
+//   keys:          row source of the key/value rows of the range (rows < num_keys)
+//   visible(r, t): whether query row r sees key t < num_keys
+template <class C, class Keys, class Visible>
+__device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
+                                             Visible visible, int tile_begin, int tile_end, float scale_log2) {
+    bf16* kv = reinterpret_cast<bf16*>(smem);
+    float* s_part = reinterpret_cast<float*>(smem + C::S_OFF);
+    bf16* p_smem = reinterpret_cast<bf16*>(smem + C::P_OFF);
+    float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
+    const WarpCoords w = WarpCoords::of<C>();
+    const int lane = w.lane, group = w.group, wrow0 = w.wrow0, g = w.g, q4 = w.q4;
+    const int red_row = w.red_row, red_col0 = w.red_col0;
 
     auto stage = [&](int tile) { return kv + (tile % C::STAGES) * C::BN * C::KV_STRIDE; };
     for (int t = tile_begin; t < tile_begin + C::STAGES - 1; ++t) {
-        if (t < tile_end) load_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys, fallback);
+        if (t < tile_end) load_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys, st.fallback);
         cp_async_commit();
     }
     PendingRow next_row = fetch_row<C>((tile_begin + C::STAGES - 1) * C::BN, num_keys, keys);
@@ -170,7 +188,7 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
         __syncthreads();  // tile is staged; everyone is done with the buffer refilled next
         {
             const int next = tile + C::STAGES - 1;
-            if (next < tile_end) load_row<C>(stage(next), next_row, keys, fallback);
+            if (next < tile_end) load_row<C>(stage(next), next_row, keys, st.fallback);
             cp_async_commit();
             next_row = fetch_row<C>((next + 1) * C::BN, num_keys, keys);
         }
@@ -197,8 +215,8 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
                 ldmatrix_x4(b, kt + n * C::KV_STRIDE + k0 + ((lane / 8) % 2) * 8);
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; ++mt) {
-                    mma_16816(s_acc[ks % 2][mt][2 * np], qf[mt][ks], b[0], b[1]);
-                    mma_16816(s_acc[ks % 2][mt][2 * np + 1], qf[mt][ks], b[2], b[3]);
+                    mma_16816(s_acc[ks % 2][mt][2 * np], st.qf[mt][ks], b[0], b[1]);
+                    mma_16816(s_acc[ks % 2][mt][2 * np + 1], st.qf[mt][ks], b[2], b[3]);
                 }
             }
         }
@@ -238,9 +256,9 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
             }
 #pragma unroll
             for (int off = 1; off < C::RED_THREADS; off *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-            const float new_max = fmaxf(row_max, tile_max);
+            const float new_max = fmaxf(st.row_max, tile_max);
             const float ref = new_max == neg_inf() ? 0.f : new_max;  // a row that saw nothing yet
-            const float alpha = exp2_fast(row_max - ref);
+            const float alpha = exp2_fast(st.row_max - ref);
             float p[C::RED_COLS], tile_sum = 0.f;
 #pragma unroll
             for (int c = 0; c < C::RED_COLS; ++c) {
@@ -249,8 +267,8 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
             }
 #pragma unroll
             for (int off = 1; off < C::RED_THREADS; off *= 2) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, off);
-            row_sum = row_sum * alpha + tile_sum;
-            row_max = new_max;
+            st.row_sum = st.row_sum * alpha + tile_sum;
+            st.row_max = new_max;
 #pragma unroll
             for (int c = 0; c < C::RED_COLS; c += 2)
                 *reinterpret_cast<unsigned*>(p_smem + red_row * C::P_STRIDE + red_col0 + c) = pack_bf16x2(p[c], p[c + 1]);
@@ -266,8 +284,8 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
             if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
 #pragma unroll
             for (int n = 0; n < C::DV_G / 8; ++n) {
-                o_acc[mt][n][0] *= a_lo; o_acc[mt][n][1] *= a_lo;
-                o_acc[mt][n][2] *= a_hi; o_acc[mt][n][3] *= a_hi;
+                st.o_acc[mt][n][0] *= a_lo; st.o_acc[mt][n][1] *= a_lo;
+                st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
             }
         }
 #pragma unroll
@@ -283,32 +301,55 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
                 ldmatrix_x4_trans(b, kt + key * C::KV_STRIDE + group * C::DV_G + np * 16 + (lane / 16) * 8);
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; ++mt) {
-                    mma_16816(o_acc[mt][2 * np], pf[mt], b[0], b[1]);
-                    mma_16816(o_acc[mt][2 * np + 1], pf[mt], b[2], b[3]);
+                    mma_16816(st.o_acc[mt][2 * np], pf[mt], b[0], b[1]);
+                    mma_16816(st.o_acc[mt][2 * np + 1], pf[mt], b[2], b[3]);
                 }
             }
         }
     }
     cp_async_wait<0>();
+    __syncthreads();  // the ring is free for the next range or the epilogue
+}
 
-    // Epilogue: normalize and write the partial state.
+// Normalize and write the partial state: part_o[BM][DV] and part_lse[BM] (natural log; -inf for
+// rows that saw nothing).
+template <class C>
+__device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, float* __restrict__ part_o,
+                                           float* __restrict__ part_lse) {
+    float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
+    const WarpCoords w = WarpCoords::of<C>();
     if (threadIdx.x % C::RED_THREADS == 0) {
-        const bool empty = row_sum == 0.f;
-        inv_l_smem[red_row] = empty ? 0.f : 1.f / row_sum;
-        part_lse[red_row] = empty ? neg_inf() : (row_max + __log2f(row_sum)) * LN2;
+        const bool empty = st.row_sum == 0.f;
+        inv_l_smem[w.red_row] = empty ? 0.f : 1.f / st.row_sum;
+        part_lse[w.red_row] = empty ? neg_inf() : (st.row_max + __log2f(st.row_sum)) * LN2;
     }
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
-        const int r = wrow0 + mt * 16 + g;
+        const int r = w.wrow0 + mt * 16 + w.g;
         const float il_lo = inv_l_smem[r], il_hi = inv_l_smem[r + 8];
 #pragma unroll
         for (int n = 0; n < C::DV_G / 8; ++n) {
-            const int c = group * C::DV_G + n * 8 + 2 * q4;
-            *reinterpret_cast<float2*>(part_o + r * C::DV + c) = make_float2(o_acc[mt][n][0] * il_lo, o_acc[mt][n][1] * il_lo);
-            *reinterpret_cast<float2*>(part_o + (r + 8) * C::DV + c) = make_float2(o_acc[mt][n][2] * il_hi, o_acc[mt][n][3] * il_hi);
+            const int c = w.group * C::DV_G + n * 8 + 2 * w.q4;
+            *reinterpret_cast<float2*>(part_o + r * C::DV + c) =
+                make_float2(st.o_acc[mt][n][0] * il_lo, st.o_acc[mt][n][1] * il_lo);
+            *reinterpret_cast<float2*>(part_o + (r + 8) * C::DV + c) =
+                make_float2(st.o_acc[mt][n][2] * il_hi, st.o_acc[mt][n][3] * il_hi);
         }
     }
 }
+
+// Tree visibility of a request: bit t of row token (word t / 32) says token sees tree token t.
+// `mask` points at the request's first row; rows >= num_rows of this CTA are padding.
+template <class C, int MASK_WORDS>
+struct TreeVisible {
+    const unsigned* mask;
+    int row_tile, num_rows;
+    __device__ __forceinline__ bool operator()(int r, int t) const {
+        if (r >= num_rows) return false;  // padding row: its token is not in this request
+        const int token = (row_tile * C::BM + r) / C::HEADS;
+        return ((mask[token * MASK_WORDS + (t >> 5)] >> (t & 31)) & 1u) != 0;
+    }
+};
 
 }  // namespace kgen

@@ -5,7 +5,8 @@
 // ceil(W/target_ctas)), so the attention grid is about target_ctas CTAs whatever the batch.
 // Request b gets s_b = ceil(nt_b/chunk) splits; its prefix work items are (split, row tile)
 // pairs, row tile fastest, so the CTAs that share a KV chunk run side by side and the chunk is
-// read from DRAM once. Tree work items are one per row tile.
+// read from DRAM once. Tree work items are one per row tile. min_splits = 1 gives a request
+// with no prefix one (empty) split all the same: verify_attn does its tree in the last split.
 //
 //   work[i]      = (b, row tile, first KV tile, end KV tile), or b = -1 past the last item
 //   tree_work[i] = (b, row tile), or b = -1
@@ -70,7 +71,8 @@ __device__ __forceinline__ int find_owner(const int* starts, int stride, int n, 
 
 template <int HEADS, int BM, int BN>
 __device__ __forceinline__ void schedule(const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
-                                         int batch, int target_ctas, int min_split_tiles, int work_capacity,
+                                         int batch, int target_ctas, int min_split_tiles, int min_splits,
+                                         int work_capacity,
                                          int tree_capacity, int total_tokens, int max_nodes, int validate,
                                          int* __restrict__ error_flag, int4* __restrict__ work,
                                          int2* __restrict__ tree_work, int4* __restrict__ req_meta) {
@@ -97,7 +99,7 @@ __device__ __forceinline__ void schedule(const int* __restrict__ qo_indptr, cons
         int splits = 0, row_tiles = 0;
         if (b < batch) {
             const RequestShape r = request_shape<HEADS, BM, BN>(qo_indptr, kv_lens, b, max_nodes, 0, error_flag);
-            splits = (int)((r.kv_tiles + chunk - 1) / chunk);
+            splits = max(min_splits, (int)((r.kv_tiles + chunk - 1) / chunk));
             row_tiles = r.row_tiles;
         }
         int items_total, tree_total;

@@ -10,6 +10,12 @@ static_assert(Cfg::THREADS == 256, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 1;
 // The spec's static tree, compiled in: row i holds the nodes token i sees.
 __device__ const unsigned STATIC_MASK[] = {1, 3, 5, 11, 21};
+using TreeVisible = kgen::TreeVisible<Cfg, MASK_WORDS>;
+
+// The mask rows of the request whose first tree token is qo0.
+__device__ __forceinline__ const unsigned* request_mask(const int* tree_mask, int qo0) {
+    return STATIC_MASK;
+}
 
 extern "C" __global__ void __launch_bounds__(256, 1) tree_attn__h8_d576_ps1_bf16_st5_sm120__c62c72d46e4b(
     const __nv_bfloat16* __restrict__ q,
@@ -28,15 +34,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) tree_attn__h8_d576_ps1_bf16
     const long long row0 = (long long)qo0 * Cfg::HEADS + row_tile * Cfg::BM;
     const int rows = tokens * Cfg::HEADS - row_tile * Cfg::BM;
 
-    const kgen::ContiguousRows<Cfg::D> q_rows{q + row0 * Cfg::D};
-    const kgen::ContiguousRows<Cfg::D> keys{k_tree + (long long)qo0 * Cfg::D};
-    auto visible = [&](int r, int t) {
-        if (r >= rows) return false;  // padding row: its token is not in this request
-        const int token = (row_tile * Cfg::BM + r) / Cfg::HEADS;
-        const unsigned word = STATIC_MASK[token * MASK_WORDS + (t >> 5)];
-        return ((word >> (t & 31)) & 1u) != 0;
-    };
-    kgen::attend<Cfg>(smem, q_rows, rows, keys, tokens, visible, 0, (tokens + Cfg::BN - 1) / Cfg::BN,
-                      0.09016844005556021f, part_o + (long long)blockIdx.x * Cfg::BM * Cfg::DV,
-                      part_lse + (long long)blockIdx.x * Cfg::BM);
+    kgen::AttnState<Cfg> st;
+    kgen::attend_begin<Cfg>(smem, st, kgen::ContiguousRows<Cfg::D>{q + row0 * Cfg::D}, rows);
+    kgen::attend_range<Cfg>(smem, st, kgen::ContiguousRows<Cfg::D>{k_tree + (long long)qo0 * Cfg::D}, tokens,
+                            TreeVisible{request_mask(tree_mask, qo0), row_tile, rows}, 0,
+                            (tokens + Cfg::BN - 1) / Cfg::BN, 0.09016844005556021f);
+    kgen::attend_end<Cfg>(smem, st, part_o + (long long)blockIdx.x * Cfg::BM * Cfg::DV,
+                          part_lse + (long long)blockIdx.x * Cfg::BM);
 }
