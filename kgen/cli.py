@@ -172,10 +172,6 @@ def cache_clear() -> None:
     console.print(f"removed {n} entries")
 
 
-def main() -> None:  # pragma: no cover - console script entry
-    app()
-
-
 @app.command("bench")
 def bench_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="base spec YAML (heads, tree and page size vary over the grid)"),

@@ -30,7 +30,7 @@ class Module:
     def __init__(self, spec: Spec, device: torch.device | str | None = None, tiles: AttentionTiles | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("kgen.jit needs a CUDA GPU (torch.cuda.is_available() is False)")
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.device = torch.device(device or "cuda")
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.spec = spec

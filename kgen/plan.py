@@ -117,7 +117,7 @@ def choose_attention_tiles(spec: Spec, arch: Arch) -> AttentionTiles:
 
 def _tag(spec: Spec, arch: Arch) -> str:
     m, c = spec.model, spec.cache
-    dtype = {"bfloat16": "bf16", "float8_e4m3fn": "fp8"}[c.kv_dtype]
+    dtype = {"bfloat16": "bf16"}[c.kv_dtype]
     tree = f"st{spec.tree.nodes}" if spec.tree.is_static else f"t{spec.tree.nodes}"
     return f"h{m.num_q_heads}_d{m.head_dim}_ps{c.page_size}_{dtype}_{tree}_{arch.name.replace('_', '')}"
 
