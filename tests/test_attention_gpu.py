@@ -40,7 +40,7 @@ def random_batch(dims: Dims, rng: random.Random) -> tuple[list[int], list[int], 
         while sum(sizes) * dims.num_heads > MAX_ROWS:
             sizes = [max(1, t // 2) for t in sizes]
     lens = [rng.choice([0, rng.randint(1, 64), rng.randint(1, 2048), rng.randint(2048, 40000)]) for _ in sizes]
-    while sum(t * dims.num_heads * (length + t) for t, length in zip(sizes, lens)) > MAX_LOGITS:
+    while any(lens) and sum(t * dims.num_heads * (length + t) for t, length in zip(sizes, lens)) > MAX_LOGITS:
         lens[lens.index(max(lens))] //= 2
     return sizes, lens, rng.choice(TREE_KINDS)
 

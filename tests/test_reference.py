@@ -111,25 +111,28 @@ def test_empty_prefix_empty_tree_and_blind_rows(seed):
 def test_scattered_pages_give_the_same_result_as_a_contiguous_prefix(seed, page_size):
     g, rng = gen(seed), random.Random(seed)
     lens = [rng.choice([0, 1, page_size, page_size + 1, rng.randint(1, 200)]) for _ in range(5)]
-    sizes = [rng.randint(1, DIMS.max_nodes) for _ in lens]
-    contiguous = make_verify_inputs(DIMS, sizes, lens, page_size=1, num_pages=sum(lens), generator=g)
-    rows = torch.cat([ref.prefix_rows(contiguous.kv_cache, pages, length, 1) for pages, length in
-                      zip(contiguous.kv_indices.split([length for length in lens]), lens)])
-    # Lay the same prefix rows out by hand in a shuffled pool of pages.
+    inp = make_verify_inputs(DIMS, [rng.randint(1, DIMS.max_nodes) for _ in lens], lens, generator=g)
+
+    def verify(cache, pages_per_request, indices, page):
+        return ref.verify_attention_ref(inp.q, cache, inp.k_tree, inp.qo_indptr,
+                                        torch.tensor([0, *pages_per_request]).cumsum(0).int(),
+                                        torch.tensor(indices, dtype=torch.int32), inp.kv_lens, inp.tree_mask, page,
+                                        DIMS.scale, DIMS.value_dim)
+
+    rows = torch.randn(sum(lens), DIMS.head_dim, generator=g).bfloat16()  # the prefixes, end to end
+    contiguous = verify(rows, lens, list(range(sum(lens))), 1)
+    # The same rows, laid out by hand in a shuffled pool of pages with NaN in the unused slots.
     need = [math.ceil(length / page_size) for length in lens]
-    pool = torch.randperm(sum(need) + 3, generator=g)
-    cache = torch.full(((sum(need) + 3) * page_size, DIMS.head_dim), float("nan"), dtype=torch.bfloat16)
+    pool = torch.randperm(sum(need) + 3, generator=g).tolist()
+    cache = torch.full((len(pool) * page_size, DIMS.head_dim), float("nan"), dtype=torch.bfloat16)
     indices, token = [], 0
     for length, count in zip(lens, need):
-        pages, pool = pool[:count].tolist(), pool[count:]
+        pages, pool = pool[:count], pool[count:]
         for t in range(length):
             cache[pages[t // page_size] * page_size + t % page_size] = rows[token]
             token += 1
         indices += pages
-    paged = ref.verify_attention_ref(contiguous.q, cache, contiguous.k_tree, contiguous.qo_indptr,
-                                     torch.tensor([0, *need]).cumsum(0).int(), torch.tensor(indices, dtype=torch.int32),
-                                     contiguous.kv_lens, contiguous.tree_mask, page_size, DIMS.scale, DIMS.value_dim)
-    assert_same(paged, contiguous.verify_ref(), tol=0)
+    assert_same(verify(cache, need, indices, page_size), contiguous, tol=0)
 
 
 def test_cache_with_a_singleton_middle_dim_reads_the_same(seed):
@@ -241,7 +244,8 @@ def test_defrag_moves_read_before_write():
     stacked = torch.stack([cache, cache + 100])
     src, dst = torch.tensor([1, 2, 5, 6, 7]), torch.tensor([2, 1, 6, 7, 8])  # a swap and a chain
     moved = ref.defrag_ref(stacked, src, dst)
-    assert moved[:, :, 0].tolist() == [[0, 2, 1, 3, 4, 5, 5, 6, 7, 9], [100, 102, 101, 103, 104, 105, 105, 106, 107, 109]]
+    expected = torch.tensor([0, 2, 1, 3, 4, 5, 5, 6, 7, 9], dtype=torch.float32)
+    assert torch.equal(moved[:, :, 0], torch.stack([expected, expected + 100]))
     assert stacked[0, :, 0].tolist() == list(range(10))  # the input is untouched
     as_list = ref.defrag_ref([stacked[0].unsqueeze(1), stacked[1].unsqueeze(1)], src, dst)
     assert torch.equal(torch.stack(as_list).squeeze(2), moved)
@@ -249,7 +253,8 @@ def test_defrag_moves_read_before_write():
 
 def test_defrag_cycle_rotates_and_duplicate_destinations_are_rejected():
     cache = torch.arange(6, dtype=torch.int32).view(1, 6, 1)
-    assert ref.defrag_ref(cache, torch.tensor([0, 3, 5]), torch.tensor([3, 5, 0])).view(-1).tolist() == [5, 1, 2, 0, 4, 3]
+    moved = ref.defrag_ref(cache, torch.tensor([0, 3, 5]), torch.tensor([3, 5, 0]))  # 0 -> 3 -> 5 -> 0
+    assert moved.view(-1).tolist() == [5, 1, 2, 0, 4, 3]
     with pytest.raises(ValueError, match="dst"):
         ref.defrag_ref(cache, torch.tensor([0, 1]), torch.tensor([2, 2]))
 
