@@ -20,7 +20,8 @@ spec = kgen.load_spec(args.spec)
 b, t, l = (int(x) for x in args.shape.split(","))
 mod = kgen.jit(spec)
 ins = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
-op = (lambda: mod.prefix_attention(*ins.prefix_args())) if t == 1 else (lambda: mod.verify_attention(*ins.verify_args()))
+op = ((lambda: mod.prefix_attention(*ins.prefix_args(), **ins.kv_kwargs)) if t == 1
+      else (lambda: mod.verify_attention(*ins.verify_args(), **ins.kv_kwargs)))
 op()
 torch.cuda.synchronize()
 if args.kernels:

@@ -18,7 +18,7 @@ import kgen
 from kgen.errors import KgenError
 from kgen.plan import AttentionTiles
 from kgen.spec import TargetSpec
-from kgen.testing import assert_close_attention, make_verify_inputs
+from kgen.testing import assert_close_attention, make_verify_inputs, tolerances
 
 from .timing import time_rotation
 
@@ -44,12 +44,13 @@ def main() -> None:
             continue
         regs = {b.variant.name: b.report.registers for b in mod.built}
         small = make_verify_inputs(spec, [7, 16], [300, 77], generator=gen, device="cuda")
-        assert_close_attention(*mod.verify_attention(*small.verify_args()), *small.verify_ref())
+        assert_close_attention(*mod.verify_attention(*small.verify_args(), **small.kv_kwargs), *small.verify_ref(),
+                               **tolerances(spec))
         for shape in args.shapes:
             b, t, l = (int(x) for x in shape.split(","))
             sets = max(2, min(8, int(4e9 // (b * l * 1152 * 2))))
             ins = [make_verify_inputs(spec, [t] * b, [l] * b, generator=gen, device="cuda") for _ in range(sets)]
-            us = time_rotation([partial(mod.verify_attention, *x.verify_args()) for x in ins])
+            us = time_rotation([partial(mod.verify_attention, *x.verify_args(), **x.kv_kwargs) for x in ins])
             flops = 2 * b * t * spec.model.num_q_heads * (l + t) * (spec.model.head_dim + spec.model.value_dim)
             print(f"{spec.target.arch} tiles {text} regs {regs['prefix_attn']}/{regs['tree_attn']} B={b} T={t} L={l}: "
                   f"{us:.1f} us, {flops / us / 1e6:.1f} TFLOP/s", flush=True)

@@ -31,7 +31,7 @@ def tensor(name: str, t: object, *, dtype: torch.dtype | tuple[torch.dtype, ...]
     return t
 
 
-def kv_rows(name: str, t: object, *, dtype: torch.dtype, device: torch.device, width: int,
+def kv_rows(name: str, t: object, *, dtype: torch.dtype | tuple[torch.dtype, ...], device: torch.device, width: int,
             rows: int | None = None) -> torch.Tensor:
     """A [rows, width] or [rows, 1, width] cache-like tensor, returned as [rows, width]."""
     if isinstance(t, torch.Tensor) and t.dim() == 3:

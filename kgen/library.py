@@ -47,35 +47,38 @@ def _outputs_like(q: torch.Tensor, spec_name: str) -> tuple[torch.Tensor, torch.
 @torch.library.custom_op("kgen::verify_attention", mutates_args=())
 def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor,
-                     tree_mask: torch.Tensor | None, spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
+                     tree_mask: torch.Tensor | None, spec_name: str,
+                     kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     return module_for(spec_name, q.device).verify_attention(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices,
-                                                            kv_lens, tree_mask)
+                                                            kv_lens, tree_mask, kv_scale=kv_scale)
 
 
 @verify_attention.register_fake
-def _(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, spec_name):
+def _(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, spec_name, kv_scale=1.0):
     return _outputs_like(q, spec_name)
 
 
 @torch.library.custom_op("kgen::prefix_attention", mutates_args=())
 def prefix_attention(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                     kv_indices: torch.Tensor, kv_lens: torch.Tensor, spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return module_for(spec_name, q.device).prefix_attention(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens)
+                     kv_indices: torch.Tensor, kv_lens: torch.Tensor, spec_name: str,
+                     kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    return module_for(spec_name, q.device).prefix_attention(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens,
+                                                            kv_scale=kv_scale)
 
 
 @prefix_attention.register_fake
-def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, spec_name):
+def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, spec_name, kv_scale=1.0):
     return _outputs_like(q, spec_name)
 
 
 @torch.library.custom_op("kgen::tree_attention", mutates_args=())
 def tree_attention(q: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tensor, tree_mask: torch.Tensor | None,
-                   spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return module_for(spec_name, q.device).tree_attention(q, k_tree, qo_indptr, tree_mask)
+                   spec_name: str, kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    return module_for(spec_name, q.device).tree_attention(q, k_tree, qo_indptr, tree_mask, kv_scale=kv_scale)
 
 
 @tree_attention.register_fake
-def _(q, k_tree, qo_indptr, tree_mask, spec_name):
+def _(q, k_tree, qo_indptr, tree_mask, spec_name, kv_scale=1.0):
     return _outputs_like(q, spec_name)
 
 

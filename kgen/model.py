@@ -27,13 +27,13 @@ from pathlib import Path
 
 from .arch import Arch, get_arch
 from .errors import KgenError
+from .plan import KV_BYTES
 from .spec import Spec
 
 GRID_T = (16, 64, 256)
 GRID_L = (4096, 32768, 131072)
 GRID_B = (1, 8, 32)
 ROW_KEYS = {"spec": str, "H": int, "T": int, "L": int, "B": int, "page_size": int}
-KV_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}
 NO_MEASUREMENT = "no measurement, efficiency 100% (floor)"
 
 

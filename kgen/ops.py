@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from . import checks
+from . import checks, fp8
 from .arch import arch_for_capability
 from .build import build
 from .plan import AttentionTiles, Plan, ceil_div, plan, work_capacity
@@ -44,22 +44,35 @@ class Module:
 
     # ---- attention -------------------------------------------------------------------------
 
-    def prefix_attention(self, q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, *, out=None, lse=None):
-        """Attention of the tree tokens against their paged prefixes only."""
-        return self._attention(q, qo_indptr, out, lse, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens))
+    # An fp8 spec's KV rows are e4m3 bytes meaning byte * kv_scale; tree keys may come in bf16 (as
+    # SGLang passes the new tokens' k) and are then quantized with the same scale.
 
-    def tree_attention(self, q, k_tree, qo_indptr, tree_mask, *, out=None, lse=None):
+    def prefix_attention(self, q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, *, kv_scale=1.0,
+                         out=None, lse=None):
+        """Attention of the tree tokens against their paged prefixes only."""
+        return self._attention(q, qo_indptr, out, lse, kv_scale, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens))
+
+    def tree_attention(self, q, k_tree, qo_indptr, tree_mask, *, kv_scale=1.0, out=None, lse=None):
         """Attention of the tree tokens against each other under the tree mask only."""
-        return self._attention(q, qo_indptr, out, lse, tree=(k_tree, tree_mask))
+        return self._attention(q, qo_indptr, out, lse, kv_scale, tree=(k_tree, tree_mask))
 
     def verify_attention(self, q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, *,
-                         out=None, lse=None):
+                         kv_scale=1.0, out=None, lse=None):
         """Prefix + tree attention of every tree token: merge(prefix_attention, tree_attention)."""
-        return self._attention(q, qo_indptr, out, lse, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens),
+        return self._attention(q, qo_indptr, out, lse, kv_scale, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens),
                                tree=(k_tree, tree_mask))
 
-    def _attention(self, q, qo_indptr, out, lse, prefix=None, tree=None):
+    @property
+    def kv_fp8(self) -> bool:
+        return self.spec.cache.kv_dtype == "float8_e4m3fn"
+
+    def _attention(self, q, qo_indptr, out, lse, kv_scale, prefix=None, tree=None):
         m, dev = self.spec.model, self.device
+        kv_scale = fp8.check_scale(kv_scale)
+        if not self.kv_fp8 and kv_scale != 1.0:
+            raise ValueError(f"kv_scale: {self.spec.name} has a {self.spec.cache.kv_dtype} KV cache; kv_scale "
+                             f"applies to float8_e4m3fn caches only (got {kv_scale})")
+        kv_dtype = fp8.E4M3 if self.kv_fp8 else torch.bfloat16
         q = checks.tensor("q", q, dtype=torch.bfloat16, device=dev, shape=(None, m.num_q_heads, m.head_dim))
         total = q.shape[0]
         qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
@@ -68,7 +81,7 @@ class Module:
         lse = checks.out_tensor("lse", lse, shape=(total, m.num_q_heads), dtype=torch.float32, device=dev)
         if prefix is not None:
             kv_cache, kv_indptr, kv_indices, kv_lens = prefix
-            kv_cache = checks.kv_rows("kv_cache", kv_cache, dtype=torch.bfloat16, device=dev, width=m.head_dim)
+            kv_cache = checks.kv_rows("kv_cache", kv_cache, dtype=kv_dtype, device=dev, width=m.head_dim)
             kv_indptr = checks.indptr("kv_indptr", kv_indptr, length=batch + 1, device=dev)
             kv_indices = checks.tensor("kv_indices", kv_indices, dtype=torch.int32, device=dev, ndim=1)
             kv_lens = checks.tensor("kv_lens", kv_lens, dtype=torch.int32, device=dev, shape=(batch,))
@@ -76,7 +89,11 @@ class Module:
             kv_lens = torch.zeros(batch, dtype=torch.int32, device=dev)
         if tree is not None:
             k_tree, tree_mask = tree
-            k_tree = checks.kv_rows("k_tree", k_tree, dtype=torch.bfloat16, device=dev, width=m.head_dim, rows=total)
+            k_tree = checks.kv_rows("k_tree", k_tree, dtype=(torch.bfloat16, fp8.E4M3) if self.kv_fp8 else torch.bfloat16,
+                                    device=dev,
+                                    width=m.head_dim, rows=total)
+            if k_tree.dtype != kv_dtype:
+                k_tree = fp8.quantize(k_tree, kv_scale)
             tree_mask = self._check_tree_mask(tree_mask, total, batch)
         if total == 0 or batch == 0:
             return out, lse
@@ -102,14 +119,15 @@ class Module:
         mask_ptr = (tree_mask if tree_mask is not None else 0) if tree is not None else None
         if prefix is not None:
             args = dict(q=q, kv_cache=kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                        kv_lens=kv_lens, work=work, part_o=part_o, part_lse=part_lse, num_slots=kv_cache.shape[0],
+                        kv_lens=kv_lens, kv_scale=kv_scale, work=work, part_o=part_o, part_lse=part_lse,
+                        num_slots=kv_cache.shape[0],
                         validate=int(validate), error_flag=error)
             if fused:
                 self.k["verify_attn"](cap, **args, k_tree=k_tree, tree_mask=mask_ptr)
             else:
                 self.k["prefix_attn"](cap, **args)
         else:
-            self.k["tree_attn"](tree_cap, q=q, k_tree=k_tree, qo_indptr=qo_indptr, tree_mask=mask_ptr,
+            self.k["tree_attn"](tree_cap, q=q, k_tree=k_tree, kv_scale=kv_scale, qo_indptr=qo_indptr, tree_mask=mask_ptr,
                                 tree_work=tree_work, req_meta=req_meta, part_o=part_o, part_lse=part_lse)
         # Tree-only: the tree partials sit where prefix splits would (slot = first tree item + row tile).
         self.k["lse_combine"](total * m.num_q_heads, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr,

@@ -21,9 +21,10 @@ LOG2E = 1.4426950408889634
 
 # Attention tiling that does not depend on the arch (see templates/attention.cuh).
 DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
-KV_ROW_PAD = 8  # bf16 elements of padding per staged KV row: 16 B, breaks ldmatrix bank conflicts
+ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix bank conflicts
 S_ROW_PAD = 4  # fp32 padding per partial-score row
-P_ROW_PAD = 8  # bf16 padding per probability row
+KV_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per KV element
+KV_CTYPES = {"bfloat16": "__nv_bfloat16", "float8_e4m3fn": "unsigned char"}
 
 
 @dataclass(frozen=True)
@@ -83,14 +84,16 @@ class Plan:
 
 def attention_smem_bytes(spec: Spec, t: AttentionTiles) -> int:
     """Shared memory of one attention CTA; mirrors the layout in templates/attention.cuh."""
-    d = spec.model.head_dim
-    kv = t.stages * t.bn * (d + KV_ROW_PAD) * 2
+    d, elem = spec.model.head_dim, KV_BYTES[spec.cache.kv_dtype]
+    kv = t.stages * t.bn * (d * elem + ROW_PAD)
     s_part = DIM_GROUPS * t.bm * (t.bn + S_ROW_PAD) * 4
-    p = t.bm * (t.bn + P_ROW_PAD) * 2
+    p = t.bm * (t.bn * elem + ROW_PAD)
     stats = 2 * t.bm * 4  # per-row rescale factor and final 1/l
-    q_stage = t.bm * (d + KV_ROW_PAD) * 2  # Q is staged once through the KV buffers
-    if t.bm % 16 or t.bm % t.warps_m or (t.bm // t.warps_m) % 16 or t.bn % 16 or q_stage > kv:
-        raise PlanError(f"attention tiles {t}: need BM, BN multiples of 16, whole 16-row tiles per warp, "
+    q_stage = t.bm * (d * 2 + ROW_PAD)  # bf16 Q is staged once through the KV buffers
+    k_step = 32 // elem  # dims of one MMA k-step
+    if t.bm % 16 or t.bm % t.warps_m or (t.bm // t.warps_m) % 16 or t.bn % 16 or t.bn % k_step or q_stage > kv:
+        raise PlanError(f"attention tiles {t}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
+                        f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
                         f"and Q ({q_stage} B) within the KV staging buffers ({kv} B)")
     return kv + s_part + p + stats
 
@@ -117,7 +120,7 @@ def choose_attention_tiles(spec: Spec, arch: Arch) -> AttentionTiles:
 
 def _tag(spec: Spec, arch: Arch) -> str:
     m, c = spec.model, spec.cache
-    dtype = {"bfloat16": "bf16"}[c.kv_dtype]
+    dtype = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3"}[c.kv_dtype]
     tree = f"st{spec.tree.nodes}" if spec.tree.is_static else f"t{spec.tree.nodes}"
     return f"h{m.num_q_heads}_d{m.head_dim}_ps{c.page_size}_{dtype}_{tree}_{arch.name.replace('_', '')}"
 
@@ -145,9 +148,8 @@ def _attention_constants(spec: Spec, t: AttentionTiles) -> dict[str, object]:
         "WARPS_M": t.warps_m,
         "DIM_GROUPS": DIM_GROUPS,
         "STAGES": t.stages,
-        "KV_ROW_PAD": KV_ROW_PAD,
+        "KV_FP8": spec.cache.kv_dtype == "float8_e4m3fn",
         "S_ROW_PAD": S_ROW_PAD,
-        "P_ROW_PAD": P_ROW_PAD,
         "SCALE_LOG2": m.softmax_scale * LOG2E,
     }
 
@@ -208,7 +210,8 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
     if spec.tree.is_static:
         from .mask import static_mask_words  # local: plan -> mask is only needed for static trees
         tree_consts["STATIC_MASK"] = static_mask_words(spec.tree.parents)
-    prefix_params = (f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ kv_cache",
+    kv = KV_CTYPES[spec.cache.kv_dtype]
+    prefix_params = (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ kv_cache", "float kv_scale",
                      "const int* __restrict__ qo_indptr", "const int* __restrict__ kv_indptr",
                      "const int* __restrict__ kv_indices", "const int* __restrict__ kv_lens",
                      "const int4* __restrict__ work", "float* __restrict__ part_o",
@@ -220,7 +223,7 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
             threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
             constants={**attn, "PAGE_SIZE": spec.cache.page_size, "FUSE_TREE": int(fuse_tree),
                        **(tree_consts if fuse_tree else {})},
-            params=_params(*prefix_params, *((f"const {BF16}* __restrict__ k_tree",
+            params=_params(*prefix_params, *((f"const {kv}* __restrict__ k_tree",
                                               "const int* __restrict__ tree_mask") if fuse_tree else ())),
             tag=tag,
         ))
@@ -229,7 +232,7 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
         kernel="tree_attn", name="tree_attn", template="tree_attn.cu.j2",
         threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
         constants={**attn, **tree_consts},
-        params=_params(f"const {BF16}* __restrict__ q", f"const {BF16}* __restrict__ k_tree",
+        params=_params(f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ k_tree", "float kv_scale",
                        "const int* __restrict__ qo_indptr", "const int* __restrict__ tree_mask",
                        "const int2* __restrict__ tree_work", "const int4* __restrict__ req_meta",
                        "float* __restrict__ part_o", "float* __restrict__ part_lse"),

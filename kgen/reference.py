@@ -56,7 +56,7 @@ def _attention(q, qo_indptr, scale, value_dim, prefix=None, tree=None):
     lse = torch.full((sum_t, h), float("-inf"), dtype=torch.float64, device=q.device)
     qo = qo_indptr.tolist()
     if prefix is not None:
-        kv_cache, kv_indptr, kv_indices, kv_lens, page_size = prefix
+        kv_cache, kv_indptr, kv_indices, kv_lens, page_size, kv_scale = prefix
         kv_indptr, kv_lens = kv_indptr.tolist(), kv_lens.tolist()
     if tree is not None:
         k_tree, tree_mask = (t.to(q.device) for t in tree)
@@ -65,18 +65,21 @@ def _attention(q, qo_indptr, scale, value_dim, prefix=None, tree=None):
         keys, visible = [], []
         if prefix is not None:
             pages = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
-            keys.append(prefix_rows(kv_cache, pages, kv_lens[b], page_size).to(q.device))
+            keys.append(prefix_rows(kv_cache, pages, kv_lens[b], page_size).to(q.device).double() * kv_scale)
             visible.append(torch.ones(e - s, kv_lens[b], dtype=torch.bool, device=q.device))
         if tree is not None:
-            keys.append(k_tree[s:e])
+            keys.append(k_tree[s:e].double())
             visible.append(tree_visibility(tree_mask[s:e], e - s))
         o[s:e], lse[s:e] = attend(q[s:e], torch.cat(keys), torch.cat(visible, dim=1), scale, value_dim)
     return o, lse
 
 
-def prefix_attention_ref(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, page_size, scale, value_dim=512):
-    """Tree tokens against their paged prefixes only."""
-    return _attention(q, qo_indptr, scale, value_dim, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens, page_size))
+def prefix_attention_ref(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, page_size, scale, value_dim=512,
+                         kv_scale=1.0):
+    """Tree tokens against their paged prefixes only. A cache row means its values * kv_scale
+    (an fp8 cache's per-tensor scale; 1 for bf16)."""
+    return _attention(q, qo_indptr, scale, value_dim,
+                      prefix=(kv_cache, kv_indptr, kv_indices, kv_lens, page_size, kv_scale))
 
 
 def tree_attention_ref(q, k_tree, qo_indptr, tree_mask, scale, value_dim=512):
@@ -85,10 +88,10 @@ def tree_attention_ref(q, k_tree, qo_indptr, tree_mask, scale, value_dim=512):
 
 
 def verify_attention_ref(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, page_size,
-                         scale, value_dim=512):
+                         scale, value_dim=512, kv_scale=1.0):
     """Tree tokens against the whole prefix plus their visible tree tokens, in one softmax."""
-    return _attention(q, qo_indptr, scale, value_dim, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens, page_size),
-                      tree=(k_tree, tree_mask))
+    return _attention(q, qo_indptr, scale, value_dim,
+                      prefix=(kv_cache, kv_indptr, kv_indices, kv_lens, page_size, kv_scale), tree=(k_tree, tree_mask))
 
 
 def merge_states_ref(o_a, lse_a, o_b, lse_b):

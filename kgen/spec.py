@@ -18,7 +18,7 @@ from .arch import ARCHS
 from .errors import SpecError
 
 MAX_TREE_NODES = 1024
-KV_DTYPES = ("bfloat16",)
+KV_DTYPES = ("bfloat16", "float8_e4m3fn")  # fp8: value = stored e4m3 * a per-tensor kv_scale
 
 
 class _Strict(BaseModel):
@@ -147,6 +147,14 @@ class Spec(_Strict):
     tree: TreeSpec
     target: TargetSpec
 
+    @model_validator(mode="after")
+    def _fp8_dims(self) -> "Spec":
+        # e4m3 MMAs step 32 dims at a time; each of the 4 warp groups owns kv_lora_rank / 4 of them.
+        if self.cache.kv_dtype == "float8_e4m3fn" and self.model.kv_lora_rank % 128:
+            raise ValueError(f"cache.kv_dtype float8_e4m3fn needs model.kv_lora_rank a multiple of 128, "
+                             f"got {self.model.kv_lora_rank}")
+        return self
+
 
 def _describe(err: dict, source: str) -> str:
     loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -155,6 +163,8 @@ def _describe(err: dict, source: str) -> str:
     if err["type"] == "missing":
         return f"{source}: {loc}: required field is missing"
     msg = err["msg"].removeprefix("Value error, ")
+    if not err["loc"]:  # a check across fields names them itself
+        return f"{source}: {msg}"
     return f"{source}: {loc} = {err.get('input')!r}: {msg}"
 
 

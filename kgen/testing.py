@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from . import reference
+from . import fp8, reference
 from .mask import mask_from_dense, mask_from_parents
 from .spec import Spec
 
@@ -35,6 +35,7 @@ class Dims:
     max_nodes: int = 64
     page_size: int = 1
     parents: tuple[int, ...] | None = None  # a static tree: every request has exactly this tree
+    kv_dtype: str = "bfloat16"
 
     @classmethod
     def of(cls, spec_or_dims: Spec | Dims) -> Dims:
@@ -42,7 +43,7 @@ class Dims:
             return spec_or_dims
         m, tree = spec_or_dims.model, spec_or_dims.tree
         return cls(m.num_q_heads, m.head_dim, m.value_dim, m.softmax_scale, tree.nodes,
-                   spec_or_dims.cache.page_size, tree.parents)
+                   spec_or_dims.cache.page_size, tree.parents, spec_or_dims.cache.kv_dtype)
 
     @property
     def mask_words(self) -> int:
@@ -54,8 +55,8 @@ class VerifyInputs:
     """One batch of verify inputs in the DESIGN §5 layout, plus what made them."""
 
     q: torch.Tensor  # [sum T, H, D] bf16
-    kv_cache: torch.Tensor  # [num_slots, D] bf16
-    k_tree: torch.Tensor  # [sum T, D] bf16
+    kv_cache: torch.Tensor  # [num_slots, D] bf16, or e4m3 meaning byte * kv_scale
+    k_tree: torch.Tensor  # [sum T, D] bf16 (an fp8 op quantizes it with kv_scale)
     qo_indptr: torch.Tensor  # [B + 1] int32
     kv_indptr: torch.Tensor  # [B + 1] int32, in pages
     kv_indices: torch.Tensor  # [sum pages] int32
@@ -66,10 +67,29 @@ class VerifyInputs:
     scale: float
     value_dim: int
     static_tree: bool  # the op takes tree_mask=None: the mask is compiled in
+    kv_scale: float = 1.0
+
+    @property
+    def kv_fp8(self) -> bool:
+        return self.kv_cache.dtype == fp8.E4M3
+
+    @property
+    def ref_k_tree(self) -> torch.Tensor:
+        """The tree keys the op attends to: an fp8 op sees them quantized like the cache."""
+        return fp8.dequantize(fp8.quantize(self.k_tree, self.kv_scale), self.kv_scale) if self.kv_fp8 else self.k_tree
+
+    def to_fp8(self, kv_scale: float) -> VerifyInputs:
+        """The same batch with the cache stored as e4m3 bytes of value / kv_scale (unused slots stay NaN)."""
+        return replace(self, kv_cache=fp8.quantize(self.kv_cache, kv_scale), kv_scale=kv_scale)
 
     @property
     def op_mask(self) -> torch.Tensor | None:
         return None if self.static_tree else self.tree_mask
+
+    @property
+    def kv_kwargs(self) -> dict:
+        """Keyword arguments every attention op call on these inputs needs."""
+        return {"kv_scale": self.kv_scale}
 
     def verify_args(self) -> tuple:
         return (self.q, self.kv_cache, self.k_tree, self.qo_indptr, self.kv_indptr, self.kv_indices,
@@ -82,15 +102,16 @@ class VerifyInputs:
         return self.q, self.k_tree, self.qo_indptr, self.op_mask
 
     def verify_ref(self):
-        return reference.verify_attention_ref(self.q, self.kv_cache, self.k_tree, self.qo_indptr, self.kv_indptr,
+        return reference.verify_attention_ref(self.q, self.kv_cache, self.ref_k_tree, self.qo_indptr, self.kv_indptr,
                                               self.kv_indices, self.kv_lens, self.tree_mask, self.page_size,
-                                              self.scale, self.value_dim)
+                                              self.scale, self.value_dim, self.kv_scale)
 
     def prefix_ref(self):
-        return reference.prefix_attention_ref(*self.prefix_args(), self.page_size, self.scale, self.value_dim)
+        return reference.prefix_attention_ref(*self.prefix_args(), self.page_size, self.scale, self.value_dim,
+                                              self.kv_scale)
 
     def tree_ref(self):
-        return reference.tree_attention_ref(self.q, self.k_tree, self.qo_indptr, self.tree_mask, self.scale,
+        return reference.tree_attention_ref(self.q, self.ref_k_tree, self.qo_indptr, self.tree_mask, self.scale,
                                             self.value_dim)
 
     def outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,7 +149,8 @@ def make_verify_inputs(spec_or_dims: Spec | Dims, tree_sizes: list[int], prefix_
     """Random verify inputs for len(tree_sizes) requests: request b has tree_sizes[b] tree tokens
     and prefix_lens[b] prefix tokens. The pool has num_pages pages (default: the pages needed plus
     a quarter, at least 2, unused); prefix pages are a random permutation of them and slots that
-    hold no prefix token are set to unused_fill. A static-tree spec always uses its own tree.
+    hold no prefix token are set to unused_fill. A static-tree spec always uses its own tree. An
+    fp8 spec gets the cache quantized with a random kv_scale in [1/4, 4] (see VerifyInputs.to_fp8).
     `generator` must live on `device` (default: a fresh one seeded from os.urandom)."""
     dims = Dims.of(spec_or_dims)
     page = page_size or dims.page_size
@@ -173,13 +195,29 @@ def make_verify_inputs(spec_or_dims: Spec | Dims, tree_sizes: list[int], prefix_
     if parents is not None:
         tree_mask = mask_from_parents(parents, counts, words=dims.mask_words)
 
-    return VerifyInputs(
+    inputs = VerifyInputs(
         q=torch.randn(sum_t, dims.num_heads, dims.head_dim, generator=g, device=device, dtype=torch.bfloat16),
         kv_cache=kv_cache,
         k_tree=torch.randn(sum_t, dims.head_dim, generator=g, device=device, dtype=torch.bfloat16),
         qo_indptr=_indptr(tree_sizes, device), kv_indptr=kv_indptr, kv_indices=kv_indices, kv_lens=kv_lens,
         tree_mask=tree_mask, parents=parents, page_size=page, scale=dims.scale, value_dim=dims.value_dim,
         static_tree=dims.parents is not None)
+    if dims.kv_dtype == "float8_e4m3fn":
+        return inputs.to_fp8(4.0 ** (2 * torch.rand((), generator=g, device=device).item() - 1))
+    return inputs
+
+
+# fp8 KV against the reference on the dequantized cache (what the kernel is asked to compute): Q and
+# P also pass through e4m3 in the MMAs, which costs ~3-4% relative L2 on random data (bench/NOTES.md).
+FP8_O_TOL = 6e-2
+FP8_LSE_TOL = 1e-1
+
+
+def tolerances(spec_or_dims: Spec | Dims) -> dict[str, float]:
+    """assert_close_attention's tolerances for a spec: DESIGN §6's for bf16, wider ones for fp8 KV."""
+    if Dims.of(spec_or_dims).kv_dtype == "float8_e4m3fn":
+        return {"o_tol": FP8_O_TOL, "lse_tol": FP8_LSE_TOL}
+    return {}
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

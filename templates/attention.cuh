@@ -5,63 +5,74 @@
 // - All heads and tree tokens of a request share each latent row, so they are packed into the
 //   MMA's M dimension: row r of a request is (token r / H, head r % H), and each staged KV row
 //   serves all of them.
-// - A 576-wide row is fat: 32 of them take 36 KB. The warps split the dims, not the rows:
-//   warp group g (of 4) owns value dims [g*DV/4, (g+1)*DV/4) and key dims that plus rope dims
-//   [DV + g*R/4, ...). It computes a partial score over its key dims, the 4 partials are summed
-//   through shared memory, softmax runs once per row, and each group multiplies P by its own
-//   value columns. Q fragments for the group's key dims stay in registers for the whole range.
+// - A 576-wide row is fat: 32 of them take 36 KB in bf16. The warps split the dims, not the rows:
+//   warp group g (of 4) owns value dims [g*DV/4, (g+1)*DV/4), the latent part of the key, and a
+//   share of the rope k-steps. It computes a partial score over its key dims, the 4 partials are
+//   summed through shared memory, softmax runs once per row, and each group multiplies P by its
+//   own value columns. Q fragments for the group's key dims stay in registers for the whole range.
 // - KV tiles stream through a STAGES-deep cp.async ring; rows are padded by 16 B so ldmatrix
 //   row addresses fall in different banks.
+//
+// KV in bf16: m16n8k16 bf16 MMAs. KV in fp8 e4m3 (value = byte * kv_scale): m16n8k32 e4m3 MMAs
+// on the raw bytes, at twice the bf16 rate and half the staged bytes. Q is quantized once per
+// row (its own scale, so every row uses e4m3's full range) and P is stored as e4m3(p * P_SCALE);
+// the scales come back in fp32 in the softmax and in the final 1/l.
 #pragma once
 #include "kgen/common.cuh"
 
 namespace kgen {
 
-template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_,
-          int KV_ROW_PAD_, int S_ROW_PAD_, int P_ROW_PAD_>
+template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_, bool KV_FP8_,
+          int S_ROW_PAD_>
 struct AttnConfig {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = BM_, BN = BN_;
     static constexpr int WARPS_M = WARPS_M_, DIM_GROUPS = DIM_GROUPS_, STAGES = STAGES_;
+    static constexpr bool KV_FP8 = KV_FP8_;
+    static constexpr int KV_ELEM = KV_FP8 ? 1 : 2;  // bytes per KV element
     static constexpr int ROPE = D - DV;
     static constexpr int THREADS = 32 * WARPS_M * DIM_GROUPS;
     static constexpr int WARP_ROWS = BM / WARPS_M;
     static constexpr int M_TILES = WARP_ROWS / 16;
-    static constexpr int DV_G = DV / DIM_GROUPS;    // value dims per group
-    static constexpr int ROPE_G = ROPE / DIM_GROUPS;  // rope dims per group
-    static constexpr int K_STEPS = (DV_G + ROPE_G) / 16;
-    static constexpr int K_STEPS_NOPE = DV_G / 16;
-    static constexpr int KV_STRIDE = D + KV_ROW_PAD_;  // bf16 elements per staged row
-    static constexpr int S_STRIDE = BN + S_ROW_PAD_;   // floats per partial-score row
-    static constexpr int P_STRIDE = BN + P_ROW_PAD_;   // bf16 per probability row
+    static constexpr int DV_G = DV / DIM_GROUPS;  // value dims per group
+    // One MMA k-step covers 32 bytes of a row: 16 bf16 or 32 e4m3 dims. Each group takes its
+    // value dims' steps and every DIM_GROUPS-th rope step.
+    static constexpr int K_STEP = 32 / KV_ELEM;
+    static constexpr int VALUE_STEPS = DV_G / K_STEP;
+    static constexpr int ROPE_STEPS = ROPE / K_STEP;
+    static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
+    static constexpr float P_SCALE = KV_FP8 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
+    static constexpr int PAD = 16;                       // bytes of padding per staged row
+    static constexpr int KV_STRIDE = D * KV_ELEM + PAD;  // bytes per staged KV row
+    static constexpr int Q_STRIDE = D * 2 + PAD;         // bytes per staged (bf16) Q row
+    static constexpr int S_STRIDE = BN + S_ROW_PAD_;     // floats per partial-score row
+    static constexpr int P_STRIDE = BN * KV_ELEM + PAD;  // bytes per probability row
     // Shared memory layout (bytes); plan.attention_smem_bytes mirrors it.
-    static constexpr int KV_BYTES = STAGES * BN * KV_STRIDE * 2;
+    static constexpr int KV_BYTES = STAGES * BN * KV_STRIDE;
     static constexpr int S_OFF = KV_BYTES;
     static constexpr int P_OFF = S_OFF + DIM_GROUPS * BM * S_STRIDE * 4;
-    static constexpr int ALPHA_OFF = P_OFF + BM * P_STRIDE * 2;
+    static constexpr int ALPHA_OFF = P_OFF + BM * P_STRIDE;
     static constexpr int INV_L_OFF = ALPHA_OFF + BM * 4;
     static constexpr int SMEM_BYTES = INV_L_OFF + BM * 4;
-    // Loader: each thread copies 16-byte chunks of one row per tile.
-    static constexpr int ROW_CHUNKS = D * 2 / 16;
+    // Loader: LOADERS_PER_ROW threads copy a row's 16-byte chunks; BN rows per pass.
     static constexpr int LOADERS_PER_ROW = THREADS / BN;
-    static constexpr int CHUNKS_PER_LOADER = (ROW_CHUNKS + LOADERS_PER_ROW - 1) / LOADERS_PER_ROW;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = THREADS / BM;
     static constexpr int RED_COLS = BN / RED_THREADS;
 
     static_assert(M_TILES >= 1 && WARP_ROWS % 16 == 0, "each warp owns whole 16-row MMA tiles");
-    static_assert(DV_G % 16 == 0 && ROPE_G % 16 == 0, "dim groups must be whole k16 steps");
-    static_assert(BN % 16 == 0 && THREADS % BN == 0, "loader shape");
-    static_assert(BM <= STAGES * BN, "Q is staged through the KV ring");
+    static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
+    static_assert(BN % 16 == 0 && BN % K_STEP == 0 && THREADS % BN == 0, "tile and loader shape");
+    static_assert(BM * Q_STRIDE <= KV_BYTES, "Q is staged through the KV ring");
     static_assert(THREADS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
 };
 
-// The row this thread copies in each tile (LOADERS_PER_ROW threads share a row).
+// The row this thread copies in each pass (LOADERS_PER_ROW threads share a row).
 template <class C>
 __device__ __forceinline__ int loader_row() { return threadIdx.x / C::LOADERS_PER_ROW; }
 
 // A row source (Rows) has fetch(j) -> int, which may read global memory (a page id), and
-// row(j, fetched) -> pointer, which must not. The loader fetches a tile ahead so that the
+// row(j, fetched) -> byte pointer, which must not. The loader fetches a tile ahead so that the
 // global load is in flight for a whole tile before its value is used.
 struct PendingRow {
     int j;        // row index within the range, or -1 past its end (the row is zero-filled)
@@ -74,35 +85,59 @@ __device__ __forceinline__ PendingRow fetch_row(int row0, int limit, const Rows&
     return j < limit ? PendingRow{j, rows.fetch(j)} : PendingRow{-1, 0};
 }
 
-// Copy this thread's 16-byte chunks of its row into a staging buffer with cp.async; a row past
-// the end is zero-filled, so padding can never inject NaN/Inf into the MMAs. A zero-fill still
-// names a source address: `fallback`, any valid global row (it is not read).
-template <class C, class Rows>
-__device__ __forceinline__ void load_row(bf16* buf, PendingRow p, const Rows& rows, const bf16* fallback) {
+// Copy this thread's 16-byte chunks of its ROW_BYTES-wide row into a staging buffer of STRIDE-byte
+// rows with cp.async; a row past the end is zero-filled, so padding can never inject NaN/Inf into
+// the MMAs. A zero-fill still names a source address: `fallback`, any valid global row (not read).
+template <class C, int ROW_BYTES, int STRIDE, class Rows>
+__device__ __forceinline__ void load_row(char* buf, PendingRow p, const Rows& rows, const char* fallback) {
+    constexpr int CHUNKS = ROW_BYTES / 16, PER_LOADER = (CHUNKS + C::LOADERS_PER_ROW - 1) / C::LOADERS_PER_ROW;
     const bool valid = p.j >= 0;
-    const bf16* base = valid ? rows.row(p.j, p.fetched) : fallback;
-    bf16* dst = buf + loader_row<C>() * C::KV_STRIDE;
+    const char* base = valid ? rows.row(p.j, p.fetched) : fallback;
+    char* dst = buf + loader_row<C>() * STRIDE;
     const int lane_chunk = threadIdx.x % C::LOADERS_PER_ROW;
 #pragma unroll
-    for (int i = 0; i < C::CHUNKS_PER_LOADER; ++i) {
+    for (int i = 0; i < PER_LOADER; ++i) {
         const int c = lane_chunk + i * C::LOADERS_PER_ROW;
-        if (C::ROW_CHUNKS % C::LOADERS_PER_ROW == 0 || c < C::ROW_CHUNKS)
-            cp_async_16(dst + c * 8, valid ? base + c * 8 : base, valid);
+        if (CHUNKS % C::LOADERS_PER_ROW == 0 || c < CHUNKS) cp_async_16(dst + c * 16, valid ? base + c * 16 : base, valid);
     }
 }
 
-// Rows of a contiguous [rows, D] matrix starting at `base` (queries, tree keys).
-template <int D>
+template <class C, class Rows>
+__device__ __forceinline__ void load_kv_row(char* buf, PendingRow p, const Rows& rows, const char* fallback) {
+    load_row<C, C::D * C::KV_ELEM, C::KV_STRIDE>(buf, p, rows, fallback);
+}
+
+// Rows of a contiguous [rows, ROW_BYTES] matrix starting at `base` (queries, tree keys).
+template <int ROW_BYTES>
 struct ContiguousRows {
-    const bf16* base;
+    const char* base;
     __device__ __forceinline__ int fetch(int) const { return 0; }
-    __device__ __forceinline__ const bf16* row(int j, int) const { return base + (long long)j * D; }
+    __device__ __forceinline__ const char* row(int j, int) const { return base + (long long)j * ROW_BYTES; }
 };
 
-// Key dim of this warp group's k-step `ks`: its value/latent slice first, then its rope slice.
+template <class C>
+using QueryRows = ContiguousRows<C::D * 2>;  // q rows are bf16
+template <class C>
+using KeyRows = ContiguousRows<C::D * C::KV_ELEM>;  // key rows in the KV type
+
+// First key dim of this warp group's k-step `ks`: its value/latent slice, then its rope steps.
 template <class C>
 __device__ __forceinline__ int key_dim(int group, int ks) {
-    return ks < C::K_STEPS_NOPE ? group * C::DV_G + ks * 16 : C::DV + group * C::ROPE_G + (ks - C::K_STEPS_NOPE) * 16;
+    return ks < C::VALUE_STEPS ? group * C::DV_G + ks * C::K_STEP
+                               : C::DV + ((ks - C::VALUE_STEPS) * C::DIM_GROUPS + group) * C::K_STEP;
+}
+
+// Whether group `group` has a k-step `ks` (the rope steps may not divide evenly among groups).
+template <class C>
+__device__ __forceinline__ bool has_step(int group, int ks) {
+    return ks < C::VALUE_STEPS || (ks - C::VALUE_STEPS) * C::DIM_GROUPS + group < C::ROPE_STEPS;
+}
+
+// d += a * b in the MMA of the KV type.
+template <class C>
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (C::KV_FP8) mma_16832_e4m3(d, a, b0, b1);
+    else mma_16816(d, a, b0, b1);
 }
 
 // Per-thread state of a CTA attending BM query rows: the warp's Q fragments (for its key dims),
@@ -113,7 +148,9 @@ struct AttnState {
     unsigned qf[C::M_TILES][C::K_STEPS][4];
     float o_acc[C::M_TILES][C::DV_G / 8][4];
     float row_max, row_sum;
-    const bf16* fallback;  // a valid global row, the source address named by zero-filled copies
+    float score_scale;  // raw MMA score of row red_row -> log2-domain logit
+    float out_scale;    // P·V accumulator -> value units, before 1/l
+    const char* fallback;  // a valid global row, the source address named by zero-filled copies
 };
 
 struct WarpCoords {
@@ -130,26 +167,78 @@ struct WarpCoords {
     }
 };
 
-// Load Q (rows >= num_rows are padding) into fragments, staged through the KV ring; zero O.
-template <class C, class QRows>
-__device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows) {
-    bf16* kv = reinterpret_cast<bf16*>(smem);
+// e4m3 A fragment register: row r's 4 consecutive dims from d, times inv_scale.
+__device__ __forceinline__ unsigned quantize4(const char* q_row, int d, float inv_scale) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(q_row + d * 2);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return pack_e4m3x2(a.x * inv_scale, a.y * inv_scale) | (unsigned(pack_e4m3x2(b.x * inv_scale, b.y * inv_scale)) << 16);
+}
+
+// Q fragments of this warp from the staged Q tile. bf16: ldmatrix. e4m3: each row is scaled by
+// 448 / max|q| (its reducers find the max and keep the inverse in score_scale).
+template <class C>
+__device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, float scale_log2, float kv_scale) {
     const WarpCoords w = WarpCoords::of<C>();
+    st.score_scale = scale_log2;
+    st.out_scale = 1.f;
+    if constexpr (!C::KV_FP8) {
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+            for (int ks = 0; ks < C::K_STEPS; ++ks) {
+                const int r = w.wrow0 + mt * 16 + (w.lane % 16);
+                ldmatrix_x4(st.qf[mt][ks], smem + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
+            }
+    } else {
+        float* inv_q = reinterpret_cast<float*>(smem + C::ALPHA_OFF);  // free until the first tile
+        const char* my_row = smem + w.red_row * C::Q_STRIDE;
+        float amax = 0.f;
+        for (int d = (threadIdx.x % C::RED_THREADS) * 8; d < C::D; d += C::RED_THREADS * 8) {
+            float v[8];
+            load8(v, reinterpret_cast<const bf16*>(my_row + d * 2));
+#pragma unroll
+            for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+        }
+#pragma unroll
+        for (int off = 1; off < C::RED_THREADS; off *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        const float q_scale = amax > 0.f ? amax / 448.f : 1.f;
+        st.score_scale = scale_log2 * kv_scale * q_scale;
+        st.out_scale = kv_scale / C::P_SCALE;
+        if (threadIdx.x % C::RED_THREADS == 0) inv_q[w.red_row] = 1.f / q_scale;
+        __syncthreads();
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; ++mt) {
+            const int r = w.wrow0 + mt * 16 + w.g;
+            const float inv_lo = inv_q[r], inv_hi = inv_q[r + 8];
+#pragma unroll
+            for (int ks = 0; ks < C::K_STEPS; ++ks) {
+                const int d = key_dim<C>(w.group, ks) + 4 * w.q4;
+                if (!has_step<C>(w.group, ks)) continue;
+                st.qf[mt][ks][0] = quantize4(smem + r * C::Q_STRIDE, d, inv_lo);
+                st.qf[mt][ks][1] = quantize4(smem + (r + 8) * C::Q_STRIDE, d, inv_hi);
+                st.qf[mt][ks][2] = quantize4(smem + r * C::Q_STRIDE, d + 16, inv_lo);
+                st.qf[mt][ks][3] = quantize4(smem + (r + 8) * C::Q_STRIDE, d + 16, inv_hi);
+            }
+        }
+    }
+}
+
+// Load Q (rows >= num_rows are padding) into fragments, staged through the KV ring; zero O.
+// scale_log2: softmax scale * log2(e); kv_scale: the e4m3 KV's dequantization scale (unused for bf16).
+template <class C, class QRows>
+__device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows,
+                                             float scale_log2, float kv_scale) {
     st.fallback = q_rows.row(0, 0);  // a CTA exists only for rows that exist
 #pragma unroll
     for (int r0 = 0; r0 < C::BM; r0 += C::BN)
-        load_row<C>(kv + r0 * C::KV_STRIDE, fetch_row<C>(r0, num_rows < C::BM ? num_rows : C::BM, q_rows), q_rows,
-                    st.fallback);
+        load_row<C, C::D * 2, C::Q_STRIDE>(smem + r0 * C::Q_STRIDE,
+                                           fetch_row<C>(r0, num_rows < C::BM ? num_rows : C::BM, q_rows), q_rows,
+                                           st.fallback);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-        for (int ks = 0; ks < C::K_STEPS; ++ks) {
-            const int r = w.wrow0 + mt * 16 + (w.lane % 16);
-            ldmatrix_x4(st.qf[mt][ks], kv + r * C::KV_STRIDE + key_dim<C>(w.group, ks) + (w.lane / 16) * 8);
-        }
+    load_q_fragments<C>(smem, st, scale_log2, kv_scale);
     __syncthreads();
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt)
@@ -161,24 +250,74 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     st.row_sum = 0.f;
 }
 
+// Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
+// in the k order of the P·V B fragments built from ldmatrix.trans (see pv_tile): key 2q+i+8h of
+// the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
+template <class C>
+__device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1) {
+    if constexpr (C::KV_FP8) {
+        const int k = c % 16, pos = c - k + 4 * ((k % 8) / 2) + 2 * (k / 8);
+        *reinterpret_cast<unsigned short*>(p_row + pos) = pack_e4m3x2(p0 * C::P_SCALE, p1 * C::P_SCALE);
+    } else {
+        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
+    }
+}
+
+// o_acc += P · V for this warp's rows and value dims over one staged tile.
+template <class C>
+__device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, const char* kt, const WarpCoords& w) {
+    const int lane = w.lane;
+#pragma unroll
+    for (int kk = 0; kk < C::BN / C::K_STEP; ++kk) {
+        unsigned pf[C::M_TILES][4];
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; ++mt)
+            ldmatrix_x4(pf[mt], p_smem + (w.wrow0 + mt * 16 + (lane % 16)) * C::P_STRIDE + kk * 32 + (lane / 16) * 16);
+#pragma unroll
+        for (int np = 0; np < C::DV_G / 16; ++np) {
+            const int dim = w.group * C::DV_G + np * 16;
+            unsigned b[4];
+            if constexpr (C::KV_FP8) {
+                // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: lane gets keys 2q, 2q+1 of
+                // dims 2g, 2g+1 per block; byte permutes split even and odd dims over keys
+                // {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in. The even-dim tile goes to
+                // o_acc[2np] (dim 2n), the odd one to o_acc[2np+1]; attend_end interleaves them.
+                unsigned t[4];
+                ldmatrix_x4_trans(t, kt + (kk * 32 + lane) * C::KV_STRIDE + dim);
+                b[0] = __byte_perm(t[0], t[1], 0x6420);
+                b[1] = __byte_perm(t[2], t[3], 0x6420);
+                b[2] = __byte_perm(t[0], t[1], 0x7531);
+                b[3] = __byte_perm(t[2], t[3], 0x7531);
+            } else {
+                const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                ldmatrix_x4_trans(b, kt + key * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
+            }
+#pragma unroll
+            for (int mt = 0; mt < C::M_TILES; ++mt) {
+                mma<C>(st.o_acc[mt][2 * np], pf[mt], b[0], b[1]);
+                mma<C>(st.o_acc[mt][2 * np + 1], pf[mt], b[2], b[3]);
+            }
+        }
+    }
+}
+
 // Attend over key rows [tile_begin*BN, tile_end*BN) of a range of num_keys keys, continuing the
 // online softmax in `st` (so several ranges — a prefix split, then the tree — form one state).
 //   keys:          row source of the key/value rows of the range (rows < num_keys)
 //   visible(r, t): whether query row r sees key t < num_keys
 template <class C, class Keys, class Visible>
 __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
-                                             Visible visible, int tile_begin, int tile_end, float scale_log2) {
-    bf16* kv = reinterpret_cast<bf16*>(smem);
+                                             Visible visible, int tile_begin, int tile_end) {
     float* s_part = reinterpret_cast<float*>(smem + C::S_OFF);
-    bf16* p_smem = reinterpret_cast<bf16*>(smem + C::P_OFF);
+    char* p_smem = smem + C::P_OFF;
     float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
     const WarpCoords w = WarpCoords::of<C>();
     const int lane = w.lane, group = w.group, wrow0 = w.wrow0, g = w.g, q4 = w.q4;
     const int red_row = w.red_row, red_col0 = w.red_col0;
 
-    auto stage = [&](int tile) { return kv + (tile % C::STAGES) * C::BN * C::KV_STRIDE; };
+    auto stage = [&](int tile) { return smem + (tile % C::STAGES) * C::BN * C::KV_STRIDE; };
     for (int t = tile_begin; t < tile_begin + C::STAGES - 1; ++t) {
-        if (t < tile_end) load_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys, st.fallback);
+        if (t < tile_end) load_kv_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys, st.fallback);
         cp_async_commit();
     }
     PendingRow next_row = fetch_row<C>((tile_begin + C::STAGES - 1) * C::BN, num_keys, keys);
@@ -188,11 +327,11 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
         __syncthreads();  // tile is staged; everyone is done with the buffer refilled next
         {
             const int next = tile + C::STAGES - 1;
-            if (next < tile_end) load_row<C>(stage(next), next_row, keys, st.fallback);
+            if (next < tile_end) load_kv_row<C>(stage(next), next_row, keys, st.fallback);
             cp_async_commit();
             next_row = fetch_row<C>((next + 1) * C::BN, num_keys, keys);
         }
-        const bf16* kt = stage(tile);
+        const char* kt = stage(tile);
 
         // 1. Partial scores over this group's key dims. Even and odd k-steps accumulate
         // separately: twice the independent MMA chains to cover the tensor pipe's latency.
@@ -207,16 +346,17 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
                     for (int k = 0; k < 4; ++k) s_acc[h][mt][n][k] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < C::K_STEPS; ++ks) {
-            const int k0 = key_dim<C>(group, ks);
+            if (!has_step<C>(group, ks)) continue;  // warp-uniform
+            const int k_byte = key_dim<C>(group, ks) * C::KV_ELEM;
 #pragma unroll
             for (int np = 0; np < C::BN / 16; ++np) {
                 unsigned b[4];
                 const int n = np * 16 + (lane % 8) + (lane / 16) * 8;
-                ldmatrix_x4(b, kt + n * C::KV_STRIDE + k0 + ((lane / 8) % 2) * 8);
+                ldmatrix_x4(b, kt + n * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; ++mt) {
-                    mma_16816(s_acc[ks % 2][mt][2 * np], st.qf[mt][ks], b[0], b[1]);
-                    mma_16816(s_acc[ks % 2][mt][2 * np + 1], st.qf[mt][ks], b[2], b[3]);
+                    mma<C>(s_acc[ks % 2][mt][2 * np], st.qf[mt][ks], b[0], b[1]);
+                    mma<C>(s_acc[ks % 2][mt][2 * np + 1], st.qf[mt][ks], b[2], b[3]);
                 }
             }
         }
@@ -251,7 +391,7 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
 #pragma unroll
             for (int c = 0; c < C::RED_COLS; ++c) {
                 const int key = tile * C::BN + red_col0 + c;
-                s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * scale_log2 : neg_inf();
+                s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
                 tile_max = fmaxf(tile_max, s[c]);
             }
 #pragma unroll
@@ -270,8 +410,7 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
             st.row_sum = st.row_sum * alpha + tile_sum;
             st.row_max = new_max;
 #pragma unroll
-            for (int c = 0; c < C::RED_COLS; c += 2)
-                *reinterpret_cast<unsigned*>(p_smem + red_row * C::P_STRIDE + red_col0 + c) = pack_bf16x2(p[c], p[c + 1]);
+            for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
             if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[red_row] = alpha;
         }
         __syncthreads();
@@ -288,24 +427,7 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
                 st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
             }
         }
-#pragma unroll
-        for (int kk = 0; kk < C::BN / 16; ++kk) {
-            unsigned pf[C::M_TILES][4];
-#pragma unroll
-            for (int mt = 0; mt < C::M_TILES; ++mt)
-                ldmatrix_x4(pf[mt], p_smem + (wrow0 + mt * 16 + (lane % 16)) * C::P_STRIDE + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-            for (int np = 0; np < C::DV_G / 16; ++np) {
-                unsigned b[4];
-                const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                ldmatrix_x4_trans(b, kt + key * C::KV_STRIDE + group * C::DV_G + np * 16 + (lane / 16) * 8);
-#pragma unroll
-                for (int mt = 0; mt < C::M_TILES; ++mt) {
-                    mma_16816(st.o_acc[mt][2 * np], pf[mt], b[0], b[1]);
-                    mma_16816(st.o_acc[mt][2 * np + 1], pf[mt], b[2], b[3]);
-                }
-            }
-        }
+        pv_tile<C>(st, p_smem, kt, w);
     }
     cp_async_wait<0>();
     __syncthreads();  // the ring is free for the next range or the epilogue
@@ -320,7 +442,7 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     const WarpCoords w = WarpCoords::of<C>();
     if (threadIdx.x % C::RED_THREADS == 0) {
         const bool empty = st.row_sum == 0.f;
-        inv_l_smem[w.red_row] = empty ? 0.f : 1.f / st.row_sum;
+        inv_l_smem[w.red_row] = empty ? 0.f : st.out_scale / st.row_sum;
         part_lse[w.red_row] = empty ? neg_inf() : (st.row_max + __log2f(st.row_sum)) * LN2;
     }
     __syncthreads();
@@ -328,13 +450,22 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const int r = w.wrow0 + mt * 16 + w.g;
         const float il_lo = inv_l_smem[r], il_hi = inv_l_smem[r + 8];
+        float* lo = part_o + r * C::DV;
+        float* hi = part_o + (r + 8) * C::DV;
 #pragma unroll
-        for (int n = 0; n < C::DV_G / 8; ++n) {
-            const int c = w.group * C::DV_G + n * 8 + 2 * w.q4;
-            *reinterpret_cast<float2*>(part_o + r * C::DV + c) =
-                make_float2(st.o_acc[mt][n][0] * il_lo, st.o_acc[mt][n][1] * il_lo);
-            *reinterpret_cast<float2*>(part_o + (r + 8) * C::DV + c) =
-                make_float2(st.o_acc[mt][n][2] * il_hi, st.o_acc[mt][n][3] * il_hi);
+        for (int np = 0; np < C::DV_G / 16; ++np) {
+            const float* e = st.o_acc[mt][2 * np];
+            const float* o = st.o_acc[mt][2 * np + 1];
+            const int d = w.group * C::DV_G + np * 16;
+            if constexpr (C::KV_FP8) {  // even/odd dim tiles (pv_tile): this lane holds dims d + 4q .. +3
+                *reinterpret_cast<float4*>(lo + d + 4 * w.q4) = make_float4(e[0] * il_lo, o[0] * il_lo, e[1] * il_lo, o[1] * il_lo);
+                *reinterpret_cast<float4*>(hi + d + 4 * w.q4) = make_float4(e[2] * il_hi, o[2] * il_hi, e[3] * il_hi, o[3] * il_hi);
+            } else {  // two 8-dim tiles: this lane holds dims d + 2q, +1 and d + 8 + 2q, +1
+                *reinterpret_cast<float2*>(lo + d + 2 * w.q4) = make_float2(e[0] * il_lo, e[1] * il_lo);
+                *reinterpret_cast<float2*>(hi + d + 2 * w.q4) = make_float2(e[2] * il_hi, e[3] * il_hi);
+                *reinterpret_cast<float2*>(lo + d + 8 + 2 * w.q4) = make_float2(o[0] * il_lo, o[1] * il_lo);
+                *reinterpret_cast<float2*>(hi + d + 8 + 2 * w.q4) = make_float2(o[2] * il_hi, o[3] * il_hi);
+            }
         }
     }
 }

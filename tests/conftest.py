@@ -25,7 +25,8 @@ SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 SESSION_SEED = int(os.environ.get("KGEN_TEST_SEED") or fresh_seed())
 
 # Specs the tests need that are not shipped: name -> (shipped base, cache fields to override).
-DERIVED_SPECS = {"glm5_p16_sm120": ("glm5_sm120", {"page_size": 16})}
+DERIVED_SPECS = {"glm5_p16_sm120": ("glm5_sm120", {"page_size": 16}),
+                 "glm5_fp8_p64_sm120": ("glm5_fp8_sm120", {"page_size": 64})}
 
 
 def spec_named(name: str) -> kgen.Spec:

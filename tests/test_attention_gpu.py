@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs,
-                          poison_)
+                          poison_, tolerances)
 
 pytestmark = pytest.mark.gpu
 
 # Random batches per spec: heads 8 / 16 / 128, page sizes 1 / 16 / 64, dynamic trees up to 64 /
 # 1024 / 16 nodes, and the static 5-node tree.
+# fp8 e4m3 KV: glm5_fp8_sm120 (page size 1) and glm5_fp8_p64_sm120 (page size 64).
 RANDOM_CASES = {"glm5_sm120": 60, "glm5_tp4_sm120": 40, "deepseek_v3_sm120": 40, "glm5_p16_sm120": 40,
-                "glm5_static5_sm120": 20}
-DYNAMIC_SPECS = ["glm5_sm120", "glm5_tp4_sm120", "deepseek_v3_sm120", "glm5_p16_sm120"]
+                "glm5_static5_sm120": 20, "glm5_fp8_sm120": 30, "glm5_fp8_p64_sm120": 20}
+DYNAMIC_SPECS = ["glm5_sm120", "glm5_tp4_sm120", "deepseek_v3_sm120", "glm5_p16_sm120", "glm5_fp8_sm120"]
 MAX_ROWS = 1 << 17  # sum T * H of one random batch
 MAX_LOGITS = 1 << 28  # sum over requests of T * H * (L + T): keeps the float64 reference quick
 
@@ -52,16 +54,17 @@ def check_ops(mod, inp, what: str) -> None:
                           ("prefix_attention", inp.prefix_args(), inp.prefix_ref),
                           ("tree_attention", inp.tree_args(), inp.tree_ref)):
         out, lse = inp.outputs()
-        got = getattr(mod, op)(*args, out=out, lse=lse)
+        got = getattr(mod, op)(*args, **inp.kv_kwargs, out=out, lse=lse)
         assert got[0].data_ptr() == out.data_ptr() and got[1].data_ptr() == lse.data_ptr(), \
             f"{what}: {op} did not return the out=/lse= tensors it was given"
         assert_all_written(out, f"{what}: {op} out")
         assert_all_written(lse, f"{what}: {op} lse")
         expected = ref()
-        assert_close_attention(out, lse, *expected, what=f"{what}: {op}")
+        assert_close_attention(out, lse, *expected, **tolerances(mod.spec), what=f"{what}: {op}")
         results[op] = out, lse, expected
     merged = mod.merge_states(*results["prefix_attention"][:2], *results["tree_attention"][:2])
-    assert_close_attention(*merged, *results["verify_attention"][2], what=f"{what}: merge_states(prefix, tree)")
+    assert_close_attention(*merged, *results["verify_attention"][2], **tolerances(mod.spec),
+                           what=f"{what}: merge_states(prefix, tree)")
 
 
 def describe(spec_name, inp, kind) -> str:
@@ -121,6 +124,8 @@ def test_rows_that_see_nothing_get_zero_and_minus_inf(module_for, cuda, seed, sp
     ("deepseek_v3_sm120", [16], [131067]),
     ("glm5_p16_sm120", [16, 1], [100003, 131072]),
     ("glm5_static5_sm120", [5, 5], [131072, 77]),
+    ("glm5_fp8_sm120", [16], [131072]),
+    ("glm5_fp8_p64_sm120", [16, 3], [100003, 4097]),
 ])
 def test_long_prefixes_match_the_reference(module_for, cuda, seed, spec_name, sizes, lens):
     mod = module_for(spec_name)
@@ -149,7 +154,8 @@ def load(buffers: dict, inp) -> None:
             buf.copy_(src)
 
 
-@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_p16_sm120", "deepseek_v3_sm120", "glm5_static5_sm120"])
+@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_p16_sm120", "deepseek_v3_sm120", "glm5_static5_sm120",
+                                       "glm5_fp8_sm120"])
 def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, seed, spec_name):
     mod = module_for(spec_name)
     dims = Dims.of(mod.spec)
@@ -157,10 +163,12 @@ def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, s
     sizes = [dims.max_nodes if dims.parents else rng.randint(1, dims.max_nodes) for _ in range(4)]
     max_len = 3000
     pool = len(sizes) * math.ceil(max_len / dims.page_size) + 4
+    kv_scale = rng.uniform(0.25, 4.0)  # baked into the graph: every replayed batch uses it
 
     def batch(lens):
-        return make_verify_inputs(dims, sizes, lens, tree_kind=rng.choice(TREE_KINDS), device=cuda, generator=g,
-                                  num_pages=pool)
+        inp = make_verify_inputs(replace(dims, kv_dtype="bfloat16"), sizes, lens, tree_kind=rng.choice(TREE_KINDS),
+                                 device=cuda, generator=g, num_pages=pool)
+        return inp.to_fp8(kv_scale) if dims.kv_dtype == "float8_e4m3fn" else inp
 
     captured = batch([rng.randint(0, 64) for _ in sizes])  # captured with short prefixes, replayed with long
     buffers = {name: getattr(captured, name).clone() for name in
@@ -174,11 +182,11 @@ def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, s
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up off the default stream, as torch advises before capture
-        mod.verify_attention(*args, out=out, lse=lse)
+        mod.verify_attention(*args, **captured.kv_kwargs, out=out, lse=lse)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        mod.verify_attention(*args, out=out, lse=lse)
+        mod.verify_attention(*args, **captured.kv_kwargs, out=out, lse=lse)
 
     for replay, lens in enumerate([[max_len] * 4, [0, max_len, 1, max_len - 1],
                                    [rng.randint(0, max_len) for _ in sizes], [0] * 4]):
@@ -190,7 +198,18 @@ def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, s
         what = f"graph replay {replay}: {describe(spec_name, inp, 'replayed')}"
         assert_all_written(out, f"{what} out")
         assert_all_written(lse, f"{what} lse")
-        assert_close_attention(out, lse, *inp.verify_ref(), what=what)
+        assert_close_attention(out, lse, *inp.verify_ref(), **tolerances(mod.spec), what=what)
+
+
+def test_fp8_error_against_the_bf16_reference(module_for, cuda, seed):
+    """What fp8 KV costs end to end: the fp8 op on the quantized cache against the float64
+    reference on the original bf16 cache (the tolerance above is against the dequantized one)."""
+    mod = module_for("glm5_fp8_sm120")
+    inp = make_verify_inputs(Dims.of(module_for("glm5_sm120").spec), [16, 16], [32768, 4096], device=cuda,
+                             generator=generator(cuda, seed))
+    scale = float(inp.kv_cache.nan_to_num().abs().max()) / 448  # as a calibrated per-tensor scale would be
+    o, lse = mod.verify_attention(*inp.to_fp8(scale).verify_args(), kv_scale=scale)
+    assert_close_attention(o, lse, *inp.verify_ref(), o_tol=8e-2, lse_tol=1e-1, what="fp8 vs bf16 reference")
 
 
 # ---- bad input -----------------------------------------------------------------------------
@@ -253,3 +272,22 @@ def test_validate_mode_checks_indices_on_the_device(module_for, cuda, seed, monk
     with pytest.raises(ValueError, match=rf"\b{arg}\b"):
         mod.verify_attention(*inp.verify_args())
         torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("spec_name,change,arg,error", [
+    ("glm5_sm120", {"kv_scale": 0.5}, "kv_scale", ValueError),  # a bf16 cache has no scale
+    ("glm5_fp8_sm120", {"kv_scale": float("inf")}, "kv_scale", ValueError),
+    ("glm5_fp8_sm120", {"kv_scale": "tensor"}, "kv_scale", TypeError),
+    ("glm5_fp8_sm120", {"kv_cache": "bf16"}, "kv_cache", TypeError),  # an fp8 spec reads e4m3 bytes
+    ("glm5_fp8_sm120", {"k_tree": "float32"}, "k_tree", TypeError),
+])
+def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spec_name, change, arg, error):
+    mod = module_for(spec_name)
+    inp = make_verify_inputs(Dims.of(mod.spec), [5, 2], [40, 7], device=cuda, generator=generator(cuda, seed))
+    kwargs = {name: getattr(inp, name) for name in OP_ARGS["verify_attention"]} | inp.kv_kwargs
+    fills = {"tensor": torch.tensor(1.0, device=cuda), "bf16": torch.zeros(inp.kv_cache.shape, dtype=torch.bfloat16,
+                                                                          device=cuda),
+             "float32": inp.k_tree.float()}
+    kwargs.update({k: fills.get(v, v) if isinstance(v, str) else v for k, v in change.items()})
+    with pytest.raises(error, match=rf"\b{arg}\b"):
+        mod.verify_attention(**kwargs)

@@ -61,6 +61,18 @@ def test_plan_respects_sm120_budget_and_refuses_overrun():
         plan(wide)
 
 
+def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring():
+    bf16, fp8 = (kgen.load_spec(ROOT / "specs" / f"{n}.yaml") for n in ("glm5_sm120", "glm5_fp8_sm120"))
+    p8 = plan(fp8)
+    assert attention_smem_bytes(fp8, p8.tiles) <= SM120_SMEM
+    assert p8.tiles.stages == 2 * plan(bf16).tiles.stages == 4  # 592-byte rows instead of 1168
+    v = p8.variant("verify_attn")
+    src = render(v)
+    assert "32, 32, 2, 4,\n                             4, true, 4>;" in src  # BM, BN, warps, groups, stages, fp8
+    assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
+    assert "_e4m3_" in v.variant_id
+
+
 def test_rendered_source_injects_plan_values():
     p = plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"))
     v = p.variant("prefix_attn")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
+from kgen import fp8
 from kgen import reference as ref
 from kgen.mask import mask_from_dense, mask_from_parents, mask_from_sglang, static_mask_words, unpack_bits
 from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs,
@@ -335,3 +337,32 @@ def test_comparator_finds_one_broken_row_in_a_good_average(seed):
     o[7, 1] *= 1.1  # 10% off in one of 360 rows: about 5e-3 over the whole output
     with pytest.raises(AssertionError, match=r"row \(token, head\) \(7, 1\) has relative L2 error"):
         assert_close_attention(o, lse_ref, o_ref, lse_ref)
+
+
+def test_fp8_inputs_mean_their_dequantized_values(seed):
+    """An e4m3 cache with kv_scale means byte * kv_scale: the reference on it equals the reference
+    on a bf16-free float cache holding those values, and tree keys are quantized the same way."""
+    inp = make_verify_inputs(DIMS, [5, 9], [70, 3], page_size=4, generator=gen(seed))
+    scale = 0.37
+    q8 = inp.to_fp8(scale)
+    assert q8.kv_cache.dtype == torch.float8_e4m3fn and q8.kv_fp8 and q8.kv_scale == scale
+    dequantized = fp8.dequantize(q8.kv_cache, scale)
+    err = (dequantized - inp.kv_cache.double()).abs()
+    used = ~torch.isnan(inp.kv_cache).any(-1)
+    assert (err[used] <= inp.kv_cache.double().abs()[used] * 2 ** -4 + 2 ** -9 * scale).all()  # e4m3 rounding
+    as_values = replace(inp, kv_cache=dequantized, k_tree=q8.ref_k_tree)
+    for got, want in zip(q8.verify_ref(), as_values.verify_ref()):
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_fp8_quantize_saturates_instead_of_making_nan():
+    x = torch.tensor([1e6, -1e6, 448.0, 0.0, 3.0])
+    assert fp8.quantize(x, 1.0).float().tolist() == [448.0, -448.0, 448.0, 0.0, 3.0]
+    assert fp8.quantize(x, 2.0).float().tolist()[-1] == 1.5
+
+
+@pytest.mark.parametrize("bad,error", [(0.0, ValueError), (float("nan"), ValueError), (-1.0, ValueError),
+                                       (torch.tensor(1.0), TypeError), (True, TypeError)])
+def test_fp8_scale_must_be_a_positive_python_number(bad, error):
+    with pytest.raises(error, match="kv_scale"):
+        fp8.check_scale(bad)

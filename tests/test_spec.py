@@ -19,8 +19,8 @@ def base() -> dict:
     return yaml.safe_load((ROOT / "specs" / "glm5_sm120.yaml").read_text())
 
 
-def with_(path: str, value):
-    data = base()
+def with_(path: str, value, data: dict | None = None):
+    data = data if data is not None else base()
     *parents, leaf = path.split(".")
     node = data
     for p in parents:
@@ -54,6 +54,7 @@ def test_shipped_specs_load(path):
     (with_("tree.max_nodes", 2048), "tree.max_nodes", "less than or equal to 1024"),
     (with_("model.softmax_scale", -1.0), "model.softmax_scale", "greater than 0"),
     (with_("cache.kv_dtype", "float16"), "cache.kv_dtype", "bfloat16"),
+    (with_("model.kv_lora_rank", 192, with_("cache.kv_dtype", "float8_e4m3fn")), "cache.kv_dtype", "multiple of 128"),
 ])
 def test_bad_spec_names_the_field(data, field, words):
     with pytest.raises(SpecError) as e:

@@ -5,14 +5,14 @@
 #include "kgen/attention.cuh"
 
 using Cfg = kgen::AttnConfig<16, 576, 512, 32, 32, 2, 4,
-                             2, 8, 4, 8>;
+                             2, false, 4>;
 static_assert(Cfg::SMEM_BYTES == 96000, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 256, "plan and kernel disagree on threads");
 constexpr int PAGE_SIZE = 1;
 
 // Prefix token t of a request lives at slot page_ids[t / PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE.
 struct PagedRows {
-    const kgen::bf16* kv_cache;
+    const char* kv_cache;
     const int* page_ids;  // this request's pages
     int pages;
     long long num_slots;
@@ -20,19 +20,20 @@ struct PagedRows {
     int* error_flag;
 
     __device__ __forceinline__ int fetch(int t) const { return page_ids[t / PAGE_SIZE]; }
-    __device__ __forceinline__ const kgen::bf16* row(int t, int page) const {
+    __device__ __forceinline__ const char* row(int t, int page) const {
         long long slot = (long long)page * PAGE_SIZE + t % PAGE_SIZE;
         if (validate && (t / PAGE_SIZE >= pages || slot < 0 || slot >= num_slots)) {
             atomicOr(error_flag, 2);
             slot = 0;
         }
-        return kv_cache + slot * Cfg::D;
+        return kv_cache + slot * Cfg::D * Cfg::KV_ELEM;
     }
 };
 
-extern "C" __global__ void __launch_bounds__(256, 1) prefix_attn__h16_d576_ps1_bf16_t1024_sm120__423acbb90fb2(
+extern "C" __global__ void __launch_bounds__(256, 1) prefix_attn__h16_d576_ps1_bf16_t1024_sm120__dc413622b487(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
+    float kv_scale,
     const int* __restrict__ qo_indptr,
     const int* __restrict__ kv_indptr,
     const int* __restrict__ kv_indices,
@@ -51,12 +52,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) prefix_attn__h16_d576_ps1_b
     const long long row0 = (long long)qo0 * Cfg::HEADS + row_tile * Cfg::BM;  // row of q viewed as [sum T * H, D]
     const int rows = (qo_indptr[b + 1] - qo0) * Cfg::HEADS - row_tile * Cfg::BM;
     const int page0 = kv_indptr[b], prefix_len = max(kv_lens[b], 0);
-    const PagedRows keys{kv_cache, kv_indices + page0, kv_indptr[b + 1] - page0, num_slots, validate, error_flag};
+    const PagedRows keys{reinterpret_cast<const char*>(kv_cache), kv_indices + page0, kv_indptr[b + 1] - page0, num_slots, validate, error_flag};
 
     kgen::AttnState<Cfg> st;
-    kgen::attend_begin<Cfg>(smem, st, kgen::ContiguousRows<Cfg::D>{q + row0 * Cfg::D}, rows);
-    kgen::attend_range<Cfg>(smem, st, keys, prefix_len, [](int, int) { return true; }, item.z, item.w,
-                            0.09016844005556021f);
+    kgen::attend_begin<Cfg>(smem, st, kgen::QueryRows<Cfg>{reinterpret_cast<const char*>(q + row0 * Cfg::D)}, rows,
+                            0.09016844005556021f, kv_scale);
+    kgen::attend_range<Cfg>(smem, st, keys, prefix_len, [](int, int) { return true; }, item.z, item.w);
     kgen::attend_end<Cfg>(smem, st, part_o + (long long)blockIdx.x * Cfg::BM * Cfg::DV,
                           part_lse + (long long)blockIdx.x * Cfg::BM);
 }

@@ -4,7 +4,7 @@
 #include "kgen/attention.cuh"
 
 using Cfg = kgen::AttnConfig<16, 576, 512, 32, 32, 2, 4,
-                             2, 8, 4, 8>;
+                             2, false, 4>;
 static_assert(Cfg::SMEM_BYTES == 96000, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 256, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 32;
@@ -15,9 +15,10 @@ __device__ __forceinline__ const unsigned* request_mask(const int* tree_mask, in
     return reinterpret_cast<const unsigned*>(tree_mask) + (long long)qo0 * MASK_WORDS;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) tree_attn__h16_d576_ps1_bf16_t1024_sm120__914e2d388ea0(
+extern "C" __global__ void __launch_bounds__(256, 1) tree_attn__h16_d576_ps1_bf16_t1024_sm120__7ed705bbdd32(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
+    float kv_scale,
     const int* __restrict__ qo_indptr,
     const int* __restrict__ tree_mask,
     const int2* __restrict__ tree_work,
@@ -33,10 +34,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) tree_attn__h16_d576_ps1_bf1
     const int rows = tokens * Cfg::HEADS - row_tile * Cfg::BM;
 
     kgen::AttnState<Cfg> st;
-    kgen::attend_begin<Cfg>(smem, st, kgen::ContiguousRows<Cfg::D>{q + row0 * Cfg::D}, rows);
-    kgen::attend_range<Cfg>(smem, st, kgen::ContiguousRows<Cfg::D>{k_tree + (long long)qo0 * Cfg::D}, tokens,
-                            TreeVisible{request_mask(tree_mask, qo0), row_tile, rows}, 0,
-                            (tokens + Cfg::BN - 1) / Cfg::BN, 0.09016844005556021f);
+    kgen::attend_begin<Cfg>(smem, st, kgen::QueryRows<Cfg>{reinterpret_cast<const char*>(q + row0 * Cfg::D)}, rows,
+                            0.09016844005556021f, kv_scale);
+    const kgen::KeyRows<Cfg> tree_keys{reinterpret_cast<const char*>(k_tree) + (long long)qo0 * Cfg::D * Cfg::KV_ELEM};
+    kgen::attend_range<Cfg>(smem, st, tree_keys, tokens, TreeVisible{request_mask(tree_mask, qo0), row_tile, rows}, 0,
+                            (tokens + Cfg::BN - 1) / Cfg::BN);
     kgen::attend_end<Cfg>(smem, st, part_o + (long long)blockIdx.x * Cfg::BM * Cfg::DV,
                           part_lse + (long long)blockIdx.x * Cfg::BM);
 }
