@@ -6,6 +6,7 @@ nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels, located with cuda.pathfinder.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,10 +101,8 @@ def parse_report(log: str, symbol: str) -> ResourceReport:
     )
 
 
-def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, filename: str,
-                  extra_options: Sequence[str] = ()) -> Compiled:
-    """Compile `source` for `arch`; a failure raises CompileError carrying NVRTC's log.
-    `extra_options` are appended to options(arch) (tests use them to force a register cap)."""
+def _compile(source: str, headers: dict[str, str], arch: str, filename: str,
+             extra_options: Sequence[str]) -> tuple[bytes, str]:
     nvrtc = _nvrtc()
     names = list(headers)
     err, prog = nvrtc.nvrtcCreateProgram(
@@ -128,4 +127,24 @@ def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, 
         _check(err, "nvrtcGetCUBIN")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+    return cubin, log
+
+
+def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, filename: str,
+                  extra_options: Sequence[str] = ()) -> Compiled:
+    """Compile `source` for `arch`; a failure raises CompileError carrying NVRTC's log.
+    `extra_options` are appended to options(arch) (tests use them to force a register cap)."""
+    cubin, log = _compile(source, headers, arch, filename, extra_options)
+    if f"Compiling entry function '{symbol}'" not in log:
+        # NVRTC served the cubin from the CUDA compute cache (~/.nv): ptxas did not run and wrote
+        # no report. Compile once more with that cache off (cuda-python issue 1124).
+        previous = os.environ.get("CUDA_CACHE_DISABLE")
+        os.environ["CUDA_CACHE_DISABLE"] = "1"
+        try:
+            cubin, log = _compile(source, headers, arch, filename, extra_options)
+        finally:
+            if previous is None:
+                del os.environ["CUDA_CACHE_DISABLE"]
+            else:
+                os.environ["CUDA_CACHE_DISABLE"] = previous
     return Compiled(cubin=cubin, log=log, report=parse_report(log, symbol))

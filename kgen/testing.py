@@ -208,9 +208,12 @@ def make_verify_inputs(spec_or_dims: Spec | Dims, tree_sizes: list[int], prefix_
 
 
 # fp8 KV against the reference on the dequantized cache (what the kernel is asked to compute): Q and
-# P also pass through e4m3 in the MMAs, which costs ~3-4% relative L2 on random data (bench/NOTES.md).
+# P also pass through e4m3 in the MMAs. e4m3 keeps 3 mantissa bits, so each q_i is off by ~2.5% rms
+# and a logit by ~0.025 * scale * sqrt(D) * |q_i| |k_i| rms: ~0.04 on unit-normal inputs, whose
+# largest logits reach ~6. o: ~3-4% relative L2 (bench/NOTES.md v6); lse: the rounding of a row's
+# few dominant logits, up to ~0.15 over thousands of rows, so the bound sits at ~6 sigma.
 FP8_O_TOL = 6e-2
-FP8_LSE_TOL = 1e-1
+FP8_LSE_TOL = 2.5e-1
 
 
 def tolerances(spec_or_dims: Spec | Dims) -> dict[str, float]:

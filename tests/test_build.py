@@ -1,10 +1,12 @@
 """Render + NVRTC compile of every shipped spec (CPU only: NVRTC from pip needs no GPU)."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 import kgen
+from kgen import nvrtc
 from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
@@ -119,3 +121,21 @@ def test_ptxas_report_parsing():
     r = parse_report(log, "k")
     assert (r.registers, r.spill_stores, r.spill_loads, r.stack_bytes, r.static_smem) == (168, 4, 12, 8, 136)
     assert r.spill_bytes == 16
+
+
+def test_a_cubin_from_the_cuda_compute_cache_is_compiled_again_for_its_report(monkeypatch):
+    """NVRTC can answer from ~/.nv's compute cache without running ptxas (an empty log); the
+    report then comes from a second compile with CUDA_CACHE_DISABLE=1, and the env is restored."""
+    real = nvrtc._compile
+    seen = []
+
+    def cached_first(*args):
+        seen.append(os.environ.get("CUDA_CACHE_DISABLE"))
+        cubin, log = real(*args)
+        return (cubin, "") if len(seen) == 1 else (cubin, log)
+
+    monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
+    monkeypatch.setattr(nvrtc, "_compile", cached_first)
+    src = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] *= 2.f; }'
+    c = nvrtc.compile_cubin(src, {}, "sm_120", "k", "k.cu")
+    assert seen == [None, "1"] and c.report.registers > 0 and "CUDA_CACHE_DISABLE" not in os.environ
