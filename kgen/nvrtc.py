@@ -36,6 +36,9 @@ class Compiled:
 
 
 def _nvrtc():
+    # ptxas's report is how kgen sees registers and spills, but a cubin NVRTC serves from the CUDA
+    # compute cache (~/.nv) comes without one. NVRTC reads this switch when it loads.
+    os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
     from cuda.bindings import nvrtc
 
     return nvrtc
@@ -85,7 +88,8 @@ def parse_report(log: str, symbol: str) -> ResourceReport:
     """ptxas's verbose lines for one entry function."""
     section = log.split(f"Compiling entry function '{symbol}'", 1)
     if len(section) != 2:
-        raise CompileError(f"no ptxas report for {symbol} in NVRTC's log:\n{log}")
+        raise CompileError(f"no ptxas report for {symbol} in NVRTC's log (a cubin from the CUDA compute cache "
+                           f"has none: run with CUDA_CACHE_DISABLE=1):\n{log}")
     body = section[1].split("Compiling entry function", 1)[0]
     regs = _REGS.search(body)
     spill = _SPILL.search(body)
@@ -135,16 +139,4 @@ def compile_cubin(source: str, headers: dict[str, str], arch: str, symbol: str, 
     """Compile `source` for `arch`; a failure raises CompileError carrying NVRTC's log.
     `extra_options` are appended to options(arch) (tests use them to force a register cap)."""
     cubin, log = _compile(source, headers, arch, filename, extra_options)
-    if f"Compiling entry function '{symbol}'" not in log:
-        # NVRTC served the cubin from the CUDA compute cache (~/.nv): ptxas did not run and wrote
-        # no report. Compile once more with that cache off (cuda-python issue 1124).
-        previous = os.environ.get("CUDA_CACHE_DISABLE")
-        os.environ["CUDA_CACHE_DISABLE"] = "1"
-        try:
-            cubin, log = _compile(source, headers, arch, filename, extra_options)
-        finally:
-            if previous is None:
-                del os.environ["CUDA_CACHE_DISABLE"]
-            else:
-                os.environ["CUDA_CACHE_DISABLE"] = previous
     return Compiled(cubin=cubin, log=log, report=parse_report(log, symbol))
