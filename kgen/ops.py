@@ -89,9 +89,8 @@ class Module:
             kv_lens = torch.zeros(batch, dtype=torch.int32, device=dev)
         if tree is not None:
             k_tree, tree_mask = tree
-            k_tree = checks.kv_rows("k_tree", k_tree, dtype=(torch.bfloat16, fp8.E4M3) if self.kv_fp8 else torch.bfloat16,
-                                    device=dev,
-                                    width=m.head_dim, rows=total)
+            tree_dtypes = (torch.bfloat16, fp8.E4M3) if self.kv_fp8 else torch.bfloat16
+            k_tree = checks.kv_rows("k_tree", k_tree, dtype=tree_dtypes, device=dev, width=m.head_dim, rows=total)
             if k_tree.dtype != kv_dtype:
                 k_tree = fp8.quantize(k_tree, kv_scale)
             tree_mask = self._check_tree_mask(tree_mask, total, batch)
@@ -120,15 +119,15 @@ class Module:
         if prefix is not None:
             args = dict(q=q, kv_cache=kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
                         kv_lens=kv_lens, kv_scale=kv_scale, work=work, part_o=part_o, part_lse=part_lse,
-                        num_slots=kv_cache.shape[0],
-                        validate=int(validate), error_flag=error)
+                        num_slots=kv_cache.shape[0], validate=int(validate), error_flag=error)
             if fused:
                 self.k["verify_attn"](cap, **args, k_tree=k_tree, tree_mask=mask_ptr)
             else:
                 self.k["prefix_attn"](cap, **args)
         else:
-            self.k["tree_attn"](tree_cap, q=q, k_tree=k_tree, kv_scale=kv_scale, qo_indptr=qo_indptr, tree_mask=mask_ptr,
-                                tree_work=tree_work, req_meta=req_meta, part_o=part_o, part_lse=part_lse)
+            self.k["tree_attn"](tree_cap, q=q, k_tree=k_tree, kv_scale=kv_scale, qo_indptr=qo_indptr,
+                                tree_mask=mask_ptr, tree_work=tree_work, req_meta=req_meta, part_o=part_o,
+                                part_lse=part_lse)
         # Tree-only: the tree partials sit where prefix splits would (slot = first tree item + row tile).
         self.k["lse_combine"](total * m.num_q_heads, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr,
                               req_meta=req_meta, batch=batch, tree_slot_base=0 if prefix is None else -1,
