@@ -6,7 +6,6 @@ nvidia-cuda-nvrtc / nvidia-cuda-runtime wheels, located with cuda.pathfinder.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,9 +35,6 @@ class Compiled:
 
 
 def _nvrtc():
-    # ptxas's report is how kgen sees registers and spills, but a cubin NVRTC serves from the CUDA
-    # compute cache (~/.nv) comes without one. NVRTC reads this switch when it loads.
-    os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
     from cuda.bindings import nvrtc
 
     return nvrtc
@@ -74,6 +70,9 @@ def options(arch: str) -> list[str]:
         f"--gpu-architecture={arch}",
         "--std=c++17",
         "--ptxas-options=--verbose",
+        # ptxas's report is how kgen sees registers and spills, but a cubin NVRTC serves from the
+        # driver's compute cache (~/.nv) comes without one; kgen keeps its own cache.
+        "--no-cache",
         "--generate-line-info",
         "--device-as-default-execution-space",
     ]
@@ -88,8 +87,7 @@ def parse_report(log: str, symbol: str) -> ResourceReport:
     """ptxas's verbose lines for one entry function."""
     section = log.split(f"Compiling entry function '{symbol}'", 1)
     if len(section) != 2:
-        raise CompileError(f"no ptxas report for {symbol} in NVRTC's log (a cubin from the CUDA compute cache "
-                           f"has none: run with CUDA_CACHE_DISABLE=1):\n{log}")
+        raise CompileError(f"no ptxas report for {symbol} in NVRTC's log:\n{log}")
     body = section[1].split("Compiling entry function", 1)[0]
     regs = _REGS.search(body)
     spill = _SPILL.search(body)

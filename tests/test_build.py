@@ -1,6 +1,5 @@
 """Render + NVRTC compile of every shipped spec (CPU only: NVRTC from pip needs no GPU)."""
 
-import os
 from pathlib import Path
 
 import pytest
@@ -124,12 +123,12 @@ def test_ptxas_report_parsing():
 
 
 
-def test_nvrtc_runs_with_the_compute_cache_off(monkeypatch):
-    """A cubin from ~/.nv's compute cache has no ptxas report, so kgen turns that cache off for
-    NVRTC before loading it (unless the user chose a setting)."""
-    monkeypatch.delenv("CUDA_CACHE_DISABLE", raising=False)
-    nvrtc._nvrtc()
-    assert os.environ["CUDA_CACHE_DISABLE"] == "1"
+def test_nvrtc_reports_ptxas_usage_on_every_compile_of_a_source(monkeypatch):
+    """NVRTC can serve a cubin from the driver's compute cache, without ptxas's report; torch may
+    have started the driver with that cache on before kgen compiles, so kgen passes --no-cache.
+    (Without a driver, as on CI, NVRTC has no such cache and the second compile runs anyway.)"""
     monkeypatch.setenv("CUDA_CACHE_DISABLE", "0")
-    nvrtc._nvrtc()
-    assert os.environ["CUDA_CACHE_DISABLE"] == "0"
+    assert "--no-cache" in nvrtc.options("sm_90")
+    src = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }'
+    reports = [nvrtc.compile_cubin(src, {}, "sm_90", "twice", "twice.cu").report for _ in range(2)]
+    assert reports[0] == reports[1] and reports[0].registers > 0
