@@ -31,13 +31,13 @@ class Arch:
     mma_bf16_tflops: float  # dense mma.sync bf16 -> fp32
     mma_sync_bf16: bool = True
     mma_sync_fp8: bool = False
-    cp_async: bool = True
+    bulk_copy: bool = True  # cp.async.bulk and mbarrier transaction counts (sm_90+)
     ldmatrix: bool = True
     wgmma: bool = False
 
     @property
     def features(self) -> list[str]:
-        names = ("mma_sync_bf16", "mma_sync_fp8", "cp_async", "ldmatrix", "wgmma")
+        names = ("mma_sync_bf16", "mma_sync_fp8", "bulk_copy", "ldmatrix", "wgmma")
         return [n for n in names if getattr(self, n)]
 
 

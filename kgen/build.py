@@ -14,7 +14,7 @@ from .occupancy import Occupancy, occupancy
 from .plan import Plan, Variant
 from .render import headers, render
 
-ATTENTION_KERNELS = ("prefix_attn", "tree_attn")  # must use tensor-core MMA and cp.async
+ATTENTION_KERNELS = ("prefix_attn", "tree_attn")  # must use tensor-core MMA and bulk copies
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class BuiltKernel:
 
     def problems(self) -> list[str]:
         """Where the cubin falls short of its plan: spills, local memory, occupancy below the plan's
-        min_blocks and, for the attention kernels, no tensor-core MMA or no cp.async."""
+        min_blocks and, for the attention kernels, no tensor-core MMA or no bulk copy."""
         out = []
         if self.report.spill_bytes:
             out.append(f"{self.report.spill_bytes} bytes of register spills")
@@ -51,8 +51,8 @@ class BuiltKernel:
         if self.variant.kernel in ATTENTION_KERNELS:
             if not sass.mma_count(self.sass):
                 out.append("no tensor-core MMA (HMMA/QMMA)")
-            if not self.sass.get("LDGSTS"):
-                out.append("no cp.async (LDGSTS)")
+            if not self.sass.get("UBLKCP"):
+                out.append("no bulk copy (UBLKCP)")
         return out
 
     def row(self) -> dict:

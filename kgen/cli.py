@@ -100,7 +100,8 @@ def show_cmd(
                   f"page={spec.cache.page_size} kv={spec.cache.kv_dtype} tree={'static ' if spec.tree.is_static else ''}"
                   f"{spec.tree.nodes} nodes")
     console.print(f"attention tiles: BM={t.bm} packed (token, head) rows, BN={t.bn} KV rows, "
-                  f"{t.warps_m}x4 warps ({t.threads} threads), {t.stages}-stage cp.async ring")
+                  f"{t.warps_m}x4 compute warps + 1 producer warp ({t.threads} threads), "
+                  f"{t.stages}-stage bulk-copy ring")
     console.print(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
                   f"({p.budget['attention_smem_headroom']} B headroom)")
     table = Table()

@@ -64,7 +64,7 @@ class AttentionTiles:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * DIM_GROUPS
+        return 32 * (self.warps_m * DIM_GROUPS + 1)  # compute warps and one producer warp
 
 
 @dataclass(frozen=True)
@@ -89,13 +89,14 @@ def attention_smem_bytes(spec: Spec, t: AttentionTiles) -> int:
     s_part = DIM_GROUPS * t.bm * (t.bn + S_ROW_PAD) * 4
     p = t.bm * (t.bn * elem + ROW_PAD)
     stats = 2 * t.bm * 4  # per-row rescale factor and final 1/l
+    barriers = (2 * t.stages + 1) * 8  # full and empty mbarrier per stage, one for Q
     q_stage = t.bm * (d * 2 + ROW_PAD)  # bf16 Q is staged once through the KV buffers
     k_step = 32 // elem  # dims of one MMA k-step
     if t.bm % 16 or t.bm % t.warps_m or (t.bm // t.warps_m) % 16 or t.bn % 16 or t.bn % k_step or q_stage > kv:
         raise PlanError(f"attention tiles {t}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
                         f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
                         f"and Q ({q_stage} B) within the KV staging buffers ({kv} B)")
-    return kv + s_part + p + stats
+    return kv + s_part + p + stats + barriers
 
 
 def _fits(arch: Arch, smem: int) -> bool:

@@ -2,7 +2,7 @@
 
 `counts` tallies the instruction classes that say whether a kernel compiled the way its plan
 intends: tensor-core MMAs (HMMA; QMMA is sm_120's fp8 mma.sync; any *MMA opcode gets its own
-key), LDSM (ldmatrix), LDGSTS (cp.async), global loads/stores by width (LDG.128, STG.64, ...),
+key), LDSM (ldmatrix), UBLKCP (cp.async.bulk), global loads/stores by width (LDG.128, STG.64, ...),
 local-memory traffic (LDL/STL: register spills or stack arrays) and barriers (BAR).
 A kgen cubin holds one variant: one entry point and whatever it calls, so counts are per cubin.
 """
@@ -18,8 +18,8 @@ from functools import lru_cache
 from .errors import KgenError
 
 # Bump when the classes below change: cached counts of an older version are recomputed.
-COUNTS_VERSION = 1
-ALWAYS = ("HMMA", "LDSM", "LDGSTS", "LDG", "STG", "LDL", "STL", "BAR")  # reported even when 0
+COUNTS_VERSION = 2
+ALWAYS = ("HMMA", "LDSM", "UBLKCP", "LDG", "STG", "LDL", "STL", "BAR")  # reported even when 0
 
 # "        /*0050*/   @!P0 LDG.E.128.CONSTANT R20, desc[UR6][R2.64] ;" -> "LDG.E.128.CONSTANT"
 _INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
@@ -75,7 +75,7 @@ def classify(opcode: str) -> str | None:
     if base in ("LDG", "STG"):
         widths = [_WIDTHS[m] for m in mods if m in _WIDTHS]
         return f"{base}.{widths[-1] if widths else 32}"
-    if base in ("LDSM", "LDGSTS", "LDL", "STL", "BAR"):
+    if base in ("LDSM", "UBLKCP", "LDL", "STL", "BAR"):
         return base
     return None
 
@@ -111,8 +111,8 @@ def local_memory_count(c: dict[str, int]) -> int:
 
 def summary(c: dict[str, int]) -> str:
     """One line for tables; zero classes left out except LDL/STL:
-    "HMMA 68 LDSM 45 LDGSTS 27 LDG 128x1,32x9 STG 64x32,32x1 LDL/STL 0/0 BAR 6"."""
-    parts = [f"{k} {n}" for k, n in c.items() if n and (k.endswith("MMA") or k in ("LDSM", "LDGSTS"))]
+    "HMMA 68 LDSM 45 UBLKCP 3 LDG 128x1,32x9 STG 64x32,32x1 LDL/STL 0/0 BAR 6"."""
+    parts = [f"{k} {n}" for k, n in c.items() if n and (k.endswith("MMA") or k in ("LDSM", "UBLKCP"))]
     for base in ("LDG", "STG"):
         widths = sorted(((int(k.split(".")[1]), n) for k, n in c.items() if k.startswith(base + ".")), reverse=True)
         if widths:

@@ -10,8 +10,12 @@
 //   share of the rope k-steps. It computes a partial score over its key dims, the 4 partials are
 //   summed through shared memory, softmax runs once per row, and each group multiplies P by its
 //   own value columns. Q fragments for the group's key dims stay in registers for the whole range.
-// - KV tiles stream through a STAGES-deep cp.async ring; rows are padded by 16 B so ldmatrix
-//   row addresses fall in different banks.
+// - One producer warp stages KV tiles into a STAGES-deep ring with bulk copies (one per row: no
+//   per-thread address math or copy queue in the compute warps); "full" mbarriers count the bytes
+//   in, "empty" mbarriers count the compute threads done with a stage. Rows are padded by 16 B so
+//   ldmatrix row addresses fall in different banks.
+// - The WARPS_M row blocks synchronize only among their own DIM_GROUPS warps (named barriers), so
+//   one block's softmax overlaps another's MMAs on the same SM sub-partitions.
 //
 // KV in bf16: m16n8k16 bf16 MMAs. KV in fp8 e4m3 (value = byte * kv_scale): m16n8k32 e4m3 MMAs
 // on the raw bytes, at twice the bf16 rate and half the staged bytes. Q is quantized once per
@@ -30,7 +34,9 @@ struct AttnConfig {
     static constexpr bool KV_FP8 = KV_FP8_;
     static constexpr int KV_ELEM = KV_FP8 ? 1 : 2;  // bytes per KV element
     static constexpr int ROPE = D - DV;
-    static constexpr int THREADS = 32 * WARPS_M * DIM_GROUPS;
+    static constexpr int CONSUMERS = 32 * WARPS_M * DIM_GROUPS;  // threads that compute
+    static constexpr int THREADS = CONSUMERS + 32;               // and one producer warp
+    static constexpr int ROW_BLOCK_THREADS = 32 * DIM_GROUPS;    // the warps sharing a block of rows
     static constexpr int WARP_ROWS = BM / WARPS_M;
     static constexpr int M_TILES = WARP_ROWS / 16;
     static constexpr int DV_G = DV / DIM_GROUPS;  // value dims per group
@@ -42,8 +48,10 @@ struct AttnConfig {
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = KV_FP8 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
     static constexpr int PAD = 16;                       // bytes of padding per staged row
-    static constexpr int KV_STRIDE = D * KV_ELEM + PAD;  // bytes per staged KV row
-    static constexpr int Q_STRIDE = D * 2 + PAD;         // bytes per staged (bf16) Q row
+    static constexpr int KV_ROW = D * KV_ELEM;           // bytes per KV row
+    static constexpr int Q_ROW = D * 2;                  // bytes per (bf16) query row
+    static constexpr int KV_STRIDE = KV_ROW + PAD;       // bytes per staged KV row
+    static constexpr int Q_STRIDE = Q_ROW + PAD;         // bytes per staged Q row
     static constexpr int S_STRIDE = BN + S_ROW_PAD_;     // floats per partial-score row
     static constexpr int P_STRIDE = BN * KV_ELEM + PAD;  // bytes per probability row
     // Shared memory layout (bytes); plan.attention_smem_bytes mirrors it.
@@ -52,59 +60,55 @@ struct AttnConfig {
     static constexpr int P_OFF = S_OFF + DIM_GROUPS * BM * S_STRIDE * 4;
     static constexpr int ALPHA_OFF = P_OFF + BM * P_STRIDE;
     static constexpr int INV_L_OFF = ALPHA_OFF + BM * 4;
-    static constexpr int SMEM_BYTES = INV_L_OFF + BM * 4;
-    // Loader: LOADERS_PER_ROW threads copy a row's 16-byte chunks; BN rows per pass.
-    static constexpr int LOADERS_PER_ROW = THREADS / BN;
+    static constexpr int BAR_OFF = INV_L_OFF + BM * 4;  // mbarriers: full[STAGES], empty[STAGES], q
+    static constexpr int SMEM_BYTES = BAR_OFF + (2 * STAGES + 1) * 8;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
-    static constexpr int RED_THREADS = THREADS / BM;
+    static constexpr int RED_THREADS = CONSUMERS / BM;
     static constexpr int RED_COLS = BN / RED_THREADS;
+    // Named barriers: 0 is __syncthreads, CONSUMERS_BAR all compute warps, then one per row block.
+    static constexpr int CONSUMERS_BAR = 1, ROW_BLOCK_BAR0 = 2;
 
     static_assert(M_TILES >= 1 && WARP_ROWS % 16 == 0, "each warp owns whole 16-row MMA tiles");
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
-    static_assert(BN % 16 == 0 && BN % K_STEP == 0 && THREADS % BN == 0, "tile and loader shape");
+    static_assert(BN % 16 == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
     static_assert(BM * Q_STRIDE <= KV_BYTES, "Q is staged through the KV ring");
-    static_assert(THREADS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
+    static_assert(CONSUMERS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
+    static_assert(ROW_BLOCK_BAR0 + WARPS_M <= 16, "named barrier ids");
+    static_assert(KV_ROW % 16 == 0 && KV_STRIDE % 16 == 0 && Q_STRIDE % 16 == 0 && BAR_OFF % 8 == 0,
+                  "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 };
 
-// The row this thread copies in each pass (LOADERS_PER_ROW threads share a row).
 template <class C>
-__device__ __forceinline__ int loader_row() { return threadIdx.x / C::LOADERS_PER_ROW; }
+__device__ __forceinline__ bool is_producer() { return threadIdx.x >= C::CONSUMERS; }
+
+template <class C>
+__device__ __forceinline__ mbarrier* ring_full(char* smem, int stage) {
+    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + stage;
+}
+template <class C>
+__device__ __forceinline__ mbarrier* ring_empty(char* smem, int stage) {
+    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + C::STAGES + stage;
+}
+template <class C>
+__device__ __forceinline__ mbarrier* q_full(char* smem) {
+    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + 2 * C::STAGES;
+}
 
 // A row source (Rows) has fetch(j) -> int, which may read global memory (a page id), and
-// row(j, fetched) -> byte pointer, which must not. The loader fetches a tile ahead so that the
-// global load is in flight for a whole tile before its value is used.
+// row(j, fetched) -> byte pointer, which must not. The producer fetches a tile ahead so that the
+// global load is in flight while it waits for a free stage.
 struct PendingRow {
-    int j;        // row index within the range, or -1 past its end (the row is zero-filled)
+    int j;        // row index within the range
     int fetched;  // what Rows::fetch(j) returned
 };
 
+// Producer lane `lane`'s row of tile `tile`. Rows past the end of the keys repeat the last key:
+// they are masked out of the softmax, and a real row keeps NaN/Inf out of P·V.
 template <class C, class Rows>
-__device__ __forceinline__ PendingRow fetch_row(int row0, int limit, const Rows& rows) {
-    const int j = row0 + loader_row<C>();
-    return j < limit ? PendingRow{j, rows.fetch(j)} : PendingRow{-1, 0};
-}
-
-// Copy this thread's 16-byte chunks of its ROW_BYTES-wide row into a staging buffer of STRIDE-byte
-// rows with cp.async; a row past the end is zero-filled, so padding can never inject NaN/Inf into
-// the MMAs. A zero-fill still names a source address: `fallback`, any valid global row (not read).
-template <class C, int ROW_BYTES, int STRIDE, class Rows>
-__device__ __forceinline__ void load_row(char* buf, PendingRow p, const Rows& rows, const char* fallback) {
-    constexpr int CHUNKS = ROW_BYTES / 16, PER_LOADER = (CHUNKS + C::LOADERS_PER_ROW - 1) / C::LOADERS_PER_ROW;
-    const bool valid = p.j >= 0;
-    const char* base = valid ? rows.row(p.j, p.fetched) : fallback;
-    char* dst = buf + loader_row<C>() * STRIDE;
-    const int lane_chunk = threadIdx.x % C::LOADERS_PER_ROW;
-#pragma unroll
-    for (int i = 0; i < PER_LOADER; ++i) {
-        const int c = lane_chunk + i * C::LOADERS_PER_ROW;
-        if (CHUNKS % C::LOADERS_PER_ROW == 0 || c < CHUNKS) cp_async_16(dst + c * 16, valid ? base + c * 16 : base, valid);
-    }
-}
-
-template <class C, class Rows>
-__device__ __forceinline__ void load_kv_row(char* buf, PendingRow p, const Rows& rows, const char* fallback) {
-    load_row<C, C::D * C::KV_ELEM, C::KV_STRIDE>(buf, p, rows, fallback);
+__device__ __forceinline__ PendingRow fetch_row(int tile, int lane, int num_keys, const Rows& rows) {
+    const int j = min(tile * C::BN + lane, num_keys - 1);
+    return {j, rows.fetch(j)};
 }
 
 // Rows of a contiguous [rows, ROW_BYTES] matrix starting at `base` (queries, tree keys).
@@ -116,9 +120,9 @@ struct ContiguousRows {
 };
 
 template <class C>
-using QueryRows = ContiguousRows<C::D * 2>;  // q rows are bf16
+using QueryRows = ContiguousRows<C::Q_ROW>;  // q rows are bf16
 template <class C>
-using KeyRows = ContiguousRows<C::D * C::KV_ELEM>;  // key rows in the KV type
+using KeyRows = ContiguousRows<C::KV_ROW>;  // key rows in the KV type
 
 // First key dim of this warp group's k-step `ks`: its value/latent slice, then its rope steps.
 template <class C>
@@ -141,8 +145,9 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
 }
 
 // Per-thread state of a CTA attending BM query rows: the warp's Q fragments (for its key dims),
-// its O accumulator (for its value dims), and the online-softmax state of row red_row, kept
-// identically by that row's RED_THREADS reducers.
+// its O accumulator (for its value dims), and the online-softmax state of row red_row: the
+// running max, kept identically by that row's RED_THREADS reducers, and each reducer's share of
+// the running sum (summed over the reducers once, in attend_end).
 template <class C>
 struct AttnState {
     unsigned qf[C::M_TILES][C::K_STEPS][4];
@@ -150,7 +155,7 @@ struct AttnState {
     float row_max, row_sum;
     float score_scale;  // raw MMA score of row red_row -> log2-domain logit
     float out_scale;    // P·V accumulator -> value units, before 1/l
-    const char* fallback;  // a valid global row, the source address named by zero-filled copies
+    int ring_pos;       // KV tiles that have passed through the ring (all ranges so far)
 };
 
 struct WarpCoords {
@@ -206,7 +211,7 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
         st.score_scale = scale_log2 * kv_scale * q_scale;
         st.out_scale = kv_scale / C::P_SCALE;
         if (threadIdx.x % C::RED_THREADS == 0) inv_q[w.red_row] = 1.f / q_scale;
-        __syncthreads();
+        named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
 #pragma unroll
         for (int mt = 0; mt < C::M_TILES; ++mt) {
             const int r = w.wrow0 + mt * 16 + w.g;
@@ -224,30 +229,41 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
     }
 }
 
-// Load Q (rows >= num_rows are padding) into fragments, staged through the KV ring; zero O.
+// Set up the ring's barriers, load Q into fragments (staged through the ring: the producer copies
+// it in; rows >= num_rows repeat the last row and are padding), zero O.
 // scale_log2: softmax scale * log2(e); kv_scale: the e4m3 KV's dequantization scale (unused for bf16).
 template <class C, class QRows>
 __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows,
                                              float scale_log2, float kv_scale) {
-    st.fallback = q_rows.row(0, 0);  // a CTA exists only for rows that exist
-#pragma unroll
-    for (int r0 = 0; r0 < C::BM; r0 += C::BN)
-        load_row<C, C::D * 2, C::Q_STRIDE>(smem + r0 * C::Q_STRIDE,
-                                           fetch_row<C>(r0, num_rows < C::BM ? num_rows : C::BM, q_rows), q_rows,
-                                           st.fallback);
-    cp_async_commit();
-    cp_async_wait<0>();
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < C::STAGES; ++s) {
+            mbar_init(ring_full<C>(smem, s), 1);
+            mbar_init(ring_empty<C>(smem, s), C::CONSUMERS);
+        }
+        mbar_init(q_full<C>(smem), 1);
+        mbar_init_fence();
+    }
     __syncthreads();
-    load_q_fragments<C>(smem, st, scale_log2, kv_scale);
-    __syncthreads();
+    st.ring_pos = 0;
+    if (is_producer<C>()) {
+        const int lane = threadIdx.x % 32;
+        if (lane == 0) mbar_arrive_expect_tx(q_full<C>(smem), C::BM * C::Q_ROW);
+        __syncwarp();
+        for (int r = lane; r < C::BM; r += 32)
+            bulk_copy(smem + r * C::Q_STRIDE, q_rows.row(min(r, num_rows - 1), 0), C::Q_ROW, q_full<C>(smem));
+    } else {
+        mbar_wait(q_full<C>(smem), 0);
+        load_q_fragments<C>(smem, st, scale_log2, kv_scale);
 #pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt)
+        for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
-        for (int n = 0; n < C::DV_G / 8; ++n)
+            for (int n = 0; n < C::DV_G / 8; ++n)
 #pragma unroll
-            for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
-    st.row_max = neg_inf();
-    st.row_sum = 0.f;
+                for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
+        st.row_max = neg_inf();
+        st.row_sum = 0.f;
+    }
+    __syncthreads();  // Q is in registers: the ring may be refilled
 }
 
 // Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
@@ -301,49 +317,53 @@ __device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, co
     }
 }
 
-// Attend over key rows [tile_begin*BN, tile_end*BN) of a range of num_keys keys, continuing the
-// online softmax in `st` (so several ranges — a prefix split, then the tree — form one state).
-//   keys:          row source of the key/value rows of the range (rows < num_keys)
-//   visible(r, t): whether query row r sees key t < num_keys
-template <class C, class Keys, class Visible>
-__device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
-                                             Visible visible, int tile_begin, int tile_end) {
+// Producer: stage key rows [tile*BN, tile*BN + BN) of each tile of [tile_begin, tile_end) into
+// the ring, one bulk copy per row (lane), as soon as the compute warps free a stage.
+template <class C, class Keys>
+__device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
+                                            int tile_begin, int tile_end) {
+    if (tile_begin >= tile_end) return;  // (an empty range may have no keys to fetch)
+    const int lane = threadIdx.x % 32;
+    PendingRow next = fetch_row<C>(tile_begin, lane, num_keys, keys);
+    for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
+        const PendingRow row = next;
+        if (tile + 1 < tile_end) next = fetch_row<C>(tile + 1, lane, num_keys, keys);
+        const int stage = st.ring_pos % C::STAGES, fill = st.ring_pos / C::STAGES;
+        if (fill > 0) mbar_wait(ring_empty<C>(smem, stage), (fill - 1) & 1);
+        if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_ROW);
+        __syncwarp();
+        if (lane < C::BN)
+            bulk_copy(smem + (stage * C::BN + lane) * C::KV_STRIDE, keys.row(row.j, row.fetched), C::KV_ROW,
+                      ring_full<C>(smem, stage));
+    }
+}
+
+// Compute warps: attend over the staged tiles, continuing the online softmax in `st`.
+template <class C, class Visible>
+__device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int num_keys, Visible visible,
+                                              int tile_begin, int tile_end) {
     float* s_part = reinterpret_cast<float*>(smem + C::S_OFF);
     char* p_smem = smem + C::P_OFF;
     float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
     const WarpCoords w = WarpCoords::of<C>();
     const int lane = w.lane, group = w.group, wrow0 = w.wrow0, g = w.g, q4 = w.q4;
     const int red_row = w.red_row, red_col0 = w.red_col0;
+    // This warp's row block: the DIM_GROUPS warps whose partial scores and probabilities it shares.
+    const int block_bar = C::ROW_BLOCK_BAR0 + wrow0 / C::WARP_ROWS;
 
-    auto stage = [&](int tile) { return smem + (tile % C::STAGES) * C::BN * C::KV_STRIDE; };
-    for (int t = tile_begin; t < tile_begin + C::STAGES - 1; ++t) {
-        if (t < tile_end) load_kv_row<C>(stage(t), fetch_row<C>(t * C::BN, num_keys, keys), keys, st.fallback);
-        cp_async_commit();
-    }
-    PendingRow next_row = fetch_row<C>((tile_begin + C::STAGES - 1) * C::BN, num_keys, keys);
+    for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
+        const int stage = st.ring_pos % C::STAGES;
+        mbar_wait(ring_full<C>(smem, stage), (st.ring_pos / C::STAGES) & 1);
+        const char* kt = smem + stage * C::BN * C::KV_STRIDE;
 
-    for (int tile = tile_begin; tile < tile_end; ++tile) {
-        cp_async_wait<C::STAGES - 2>();
-        __syncthreads();  // tile is staged; everyone is done with the buffer refilled next
-        {
-            const int next = tile + C::STAGES - 1;
-            if (next < tile_end) load_kv_row<C>(stage(next), next_row, keys, st.fallback);
-            cp_async_commit();
-            next_row = fetch_row<C>((next + 1) * C::BN, num_keys, keys);
-        }
-        const char* kt = stage(tile);
-
-        // 1. Partial scores over this group's key dims. Even and odd k-steps accumulate
-        // separately: twice the independent MMA chains to cover the tensor pipe's latency.
-        float s_acc[2][C::M_TILES][C::BN / 8][4];
+        // 1. Partial scores over this group's key dims.
+        float s_acc[C::M_TILES][C::BN / 8][4];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
-            for (int mt = 0; mt < C::M_TILES; ++mt)
+            for (int n = 0; n < C::BN / 8; ++n)
 #pragma unroll
-                for (int n = 0; n < C::BN / 8; ++n)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) s_acc[h][mt][n][k] = 0.f;
+                for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < C::K_STEPS; ++ks) {
             if (!has_step<C>(group, ks)) continue;  // warp-uniform
@@ -355,8 +375,8 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
                 ldmatrix_x4(b, kt + n * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
 #pragma unroll
                 for (int mt = 0; mt < C::M_TILES; ++mt) {
-                    mma<C>(s_acc[ks % 2][mt][2 * np], st.qf[mt][ks], b[0], b[1]);
-                    mma<C>(s_acc[ks % 2][mt][2 * np + 1], st.qf[mt][ks], b[2], b[3]);
+                    mma<C>(s_acc[mt][2 * np], st.qf[mt][ks], b[0], b[1]);
+                    mma<C>(s_acc[mt][2 * np + 1], st.qf[mt][ks], b[2], b[3]);
                 }
             }
         }
@@ -364,15 +384,13 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
         for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
             for (int n = 0; n < C::BN / 8; ++n) {
-                const float* a = s_acc[0][mt][n];
-                const float* o = s_acc[1][mt][n];
+                const float* a = s_acc[mt][n];
                 const int r = wrow0 + mt * 16 + g, c = n * 8 + 2 * q4;
                 float* dst = s_part + (group * C::BM + r) * C::S_STRIDE + c;
-                *reinterpret_cast<float2*>(dst) = make_float2(a[0] + o[0], a[1] + o[1]);
-                *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2] + o[2], a[3] + o[3]);
+                *reinterpret_cast<float2*>(dst) = make_float2(a[0], a[1]);
+                *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2], a[3]);
             }
-        __syncthreads();
-
+        named_barrier(block_bar, C::ROW_BLOCK_THREADS);
         // 2. Sum the partials, online softmax (base 2), probabilities to shared memory.
         {
             float s[C::RED_COLS];
@@ -394,8 +412,13 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
                 s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
                 tile_max = fmaxf(tile_max, s[c]);
             }
+            // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
+            // and the reduction across the row's reducers is skipped.
+            if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
 #pragma unroll
-            for (int off = 1; off < C::RED_THREADS; off *= 2) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+                for (int off = 1; off < C::RED_THREADS; off *= 2)
+                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+            }
             const float new_max = fmaxf(st.row_max, tile_max);
             const float ref = new_max == neg_inf() ? 0.f : new_max;  // a row that saw nothing yet
             const float alpha = exp2_fast(st.row_max - ref);
@@ -405,15 +428,13 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
                 p[c] = exp2_fast(s[c] - ref);
                 tile_sum += p[c];
             }
-#pragma unroll
-            for (int off = 1; off < C::RED_THREADS; off *= 2) tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, off);
             st.row_sum = st.row_sum * alpha + tile_sum;
             st.row_max = new_max;
 #pragma unroll
             for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
             if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[red_row] = alpha;
         }
-        __syncthreads();
+        named_barrier(block_bar, C::ROW_BLOCK_THREADS);
 
         // 3. Rescale this warp's output rows and add P @ V for its value columns. Once the
         // running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
@@ -428,9 +449,20 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
             }
         }
         pv_tile<C>(st, p_smem, kt, w);
+        mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage
     }
-    cp_async_wait<0>();
-    __syncthreads();  // the ring is free for the next range or the epilogue
+}
+
+// Attend over key rows [tile_begin*BN, tile_end*BN) of a range of num_keys keys, continuing the
+// online softmax in `st` (so several ranges — a prefix split, then the tree — form one state).
+// Every thread of the CTA calls it: the producer warp stages the tiles, the others consume them.
+//   keys:          row source of the key/value rows of the range (rows < num_keys)
+//   visible(r, t): whether query row r sees key t < num_keys
+template <class C, class Keys, class Visible>
+__device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
+                                             Visible visible, int tile_begin, int tile_end) {
+    if (is_producer<C>()) stage_range<C>(smem, st, keys, num_keys, tile_begin, tile_end);
+    else consume_range<C>(smem, st, num_keys, visible, tile_begin, tile_end);
 }
 
 // Normalize and write the partial state: part_o[BM][DV] and part_lse[BM] (natural log; -inf for
@@ -438,14 +470,18 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
 template <class C>
 __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, float* __restrict__ part_o,
                                            float* __restrict__ part_lse) {
+    if (is_producer<C>()) return;  // its last copies were consumed: nothing of it is pending
     float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
     const WarpCoords w = WarpCoords::of<C>();
+    float row_sum = st.row_sum;
+#pragma unroll
+    for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
     if (threadIdx.x % C::RED_THREADS == 0) {
-        const bool empty = st.row_sum == 0.f;
-        inv_l_smem[w.red_row] = empty ? 0.f : st.out_scale / st.row_sum;
-        part_lse[w.red_row] = empty ? neg_inf() : (st.row_max + __log2f(st.row_sum)) * LN2;
+        const bool empty = row_sum == 0.f;
+        inv_l_smem[w.red_row] = empty ? 0.f : st.out_scale / row_sum;
+        part_lse[w.red_row] = empty ? neg_inf() : (st.row_max + __log2f(row_sum)) * LN2;
     }
-    __syncthreads();
+    named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const int r = w.wrow0 + mt * 16 + w.g;

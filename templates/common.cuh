@@ -41,37 +41,69 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
     return v;
 }
 
-// ---- asynchronous global -> shared copies (sm_80+) ----
+// ---- mbarriers, bulk copies and named barriers (sm_90+) ----
 
-// Copy 16 bytes; when `pred` is false nothing is read and the destination is zero-filled.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool pred) {
-    unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    int bytes = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(bytes));
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+using mbarrier = unsigned long long;
+
+// A barrier whose phase completes after `count` arrivals (and, with expect_tx, the bytes announced).
+__device__ __forceinline__ void mbar_init(mbarrier* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Make initialized barriers visible to the bulk-copy (async) proxy; follow with a block barrier.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
-template <int PENDING>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING));
+__device__ __forceinline__ void mbar_arrive(mbarrier* bar) {
+    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_addr(bar))
+                 : "memory");
+}
+
+// Arrive, and announce `bytes` that bulk copies will complete on this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(mbarrier* bar, unsigned bytes) {
+    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
+                     smem_addr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// Block until the phase of parity `parity` has completed (acquire: its copies are visible).
+__device__ __forceinline__ void mbar_wait(mbarrier* bar, unsigned parity) {
+    asm volatile(
+        "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
+// with the bulk-copy engine; the bytes complete on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, mbarrier* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
+                 : "memory");
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, fp32 accumulate) ----
 
 // Four 8x8 b16 matrices; lane i supplies the row address of matrix i / 8.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
-    unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+                 : "r"(smem_addr(smem)));
 }
 
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
-    unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
+                 : "r"(smem_addr(smem)));
 }
 
 // d += a * b for one 16x8 tile with k = 16.

@@ -79,7 +79,7 @@ def test_rendered_source_injects_plan_values():
     v = p.variant("prefix_attn")
     src = render(v)
     assert f'extern "C" __global__ void __launch_bounds__({v.threads}, {v.min_blocks}) {v.variant_id}(' in src
-    assert "static_assert(Cfg::SMEM_BYTES == 96000" in src and "constexpr int PAGE_SIZE = 1;" in src
+    assert "static_assert(Cfg::SMEM_BYTES == 96040" in src and "constexpr int PAGE_SIZE = 1;" in src
     assert v.variant_id.startswith("prefix_attn__h8_d576_ps1_bf16_t64_sm120__")
 
 

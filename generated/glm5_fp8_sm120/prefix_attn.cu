@@ -6,8 +6,8 @@
 
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4,
                              4, true, 4>;
-static_assert(Cfg::SMEM_BYTES == 96000, "plan and kernel disagree on shared memory");
-static_assert(Cfg::THREADS == 256, "plan and kernel disagree on threads");
+static_assert(Cfg::SMEM_BYTES == 96072, "plan and kernel disagree on shared memory");
+static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int PAGE_SIZE = 1;
 
 // Prefix token t of a request lives at slot page_ids[t / PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE.
@@ -30,7 +30,7 @@ struct PagedRows {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(256, 1) prefix_attn__h8_d576_ps1_e4m3_t64_sm120__69e3e23a2199(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3_t64_sm120__777a4b6cdf49(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
