@@ -101,6 +101,10 @@ class Module:
         error = torch.zeros(1, dtype=torch.int32, device=dev)
         target = self.sm_count * self.plan.tiles.min_blocks  # one wave of attention CTAs
         cap, tree_cap = work_capacity(self.plan, total, batch, target)
+        if prefix is not None:
+            tree_cap = 0  # verify and prefix read only prefix items (the tree rides on the last split)
+        else:
+            cap = 0  # tree_attention reads only tree items
         work = torch.empty(cap, 4, dtype=torch.int32, device=dev)
         tree_work = torch.empty(tree_cap, 2, dtype=torch.int32, device=dev)
         req_meta = torch.empty(batch, 4, dtype=torch.int32, device=dev)

@@ -22,7 +22,7 @@ LOG2E = 1.4426950408889634
 # Attention tiling that does not depend on the arch (see templates/attention.cuh).
 DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
 ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix bank conflicts
-S_ROW_PAD = 4  # fp32 padding per partial-score row
+S_ROW_PAD = 8  # fp32 padding per partial-score row: a half-warp's float2 stores hit 32 banks
 KV_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per KV element
 KV_CTYPES = {"bfloat16": "__nv_bfloat16", "float8_e4m3fn": "unsigned char"}
 

@@ -69,7 +69,7 @@ def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring():
     assert p8.tiles.stages == 2 * plan(bf16).tiles.stages == 4  # 592-byte rows instead of 1168
     v = p8.variant("verify_attn")
     src = render(v)
-    assert "32, 32, 2, 4,\n                             4, true, 4>;" in src  # BM, BN, warps, groups, stages, fp8
+    assert "32, 32, 2, 4,\n                             4, true, 8>;" in src  # BM, BN, warps, groups, stages, fp8, S row pad
     assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
     assert "_e4m3_" in v.variant_id
 
@@ -79,7 +79,7 @@ def test_rendered_source_injects_plan_values():
     v = p.variant("prefix_attn")
     src = render(v)
     assert f'extern "C" __global__ void __launch_bounds__({v.threads}, {v.min_blocks}) {v.variant_id}(' in src
-    assert "static_assert(Cfg::SMEM_BYTES == 96040" in src and "constexpr int PAGE_SIZE = 1;" in src
+    assert "static_assert(Cfg::SMEM_BYTES == 98088" in src and "constexpr int PAGE_SIZE = 1;" in src
     assert v.variant_id.startswith("prefix_attn__h8_d576_ps1_bf16_t64_sm120__")
 
 

@@ -5,8 +5,8 @@
 #include "kgen/attention.cuh"
 
 using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4,
-                             2, false, 4>;
-static_assert(Cfg::SMEM_BYTES == 96040, "plan and kernel disagree on shared memory");
+                             2, false, 8>;
+static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int PAGE_SIZE = 64;
 
@@ -30,7 +30,7 @@ struct PagedRows {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__17caa3acd981(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__6565e7a84b83(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -5,8 +5,8 @@
 #include "kgen/attention.cuh"
 
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4,
-                             4, true, 4>;
-static_assert(Cfg::SMEM_BYTES == 96072, "plan and kernel disagree on shared memory");
+                             4, true, 8>;
+static_assert(Cfg::SMEM_BYTES == 98120, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int PAGE_SIZE = 1;
 constexpr int MASK_WORDS = 2;
@@ -37,7 +37,7 @@ struct PagedRows {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_e4m3_t64_sm120__7282d4f8fb04(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_e4m3_t64_sm120__e4c8f8891054(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

@@ -4,8 +4,8 @@
 #include "kgen/attention.cuh"
 
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4,
-                             2, false, 4>;
-static_assert(Cfg::SMEM_BYTES == 96040, "plan and kernel disagree on shared memory");
+                             2, false, 8>;
+static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 using TreeVisible = kgen::TreeVisible<Cfg, MASK_WORDS>;
@@ -15,7 +15,7 @@ __device__ __forceinline__ const unsigned* request_mask(const int* tree_mask, in
     return reinterpret_cast<const unsigned*>(tree_mask) + (long long)qo0 * MASK_WORDS;
 }
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__7ed071082167(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__2ae7e7b73046(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,
