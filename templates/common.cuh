@@ -56,34 +56,28 @@ __device__ __forceinline__ void mbar_init(mbarrier* bar, unsigned count) {
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
 __device__ __forceinline__ void mbar_arrive(mbarrier* bar) {
-    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_addr(bar))
-                 : "memory");
+    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n"
+                 :: "r"(smem_addr(bar)) : "memory");
 }
 
 // Arrive, and announce `bytes` that bulk copies will complete on this phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(mbarrier* bar, unsigned bytes) {
-    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
-                     smem_addr(bar)),
-                 "r"(bytes)
-                 : "memory");
+    asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n"
+                 :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
 
 // Block until the phase of parity `parity` has completed (acquire: its copies are visible).
 __device__ __forceinline__ void mbar_wait(mbarrier* bar, unsigned parity) {
-    asm volatile(
-        "{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra WAIT_%=;\n}\n" ::"r"(smem_addr(bar)),
-        "r"(parity)
-        : "memory");
+    asm volatile("{\n .reg .pred done;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 " @!done bra WAIT_%=;\n}\n"
+                 :: "r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 
 // Copy `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory
 // with the bulk-copy engine; the bytes complete on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, mbarrier* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
-                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
