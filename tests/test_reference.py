@@ -275,8 +275,9 @@ def test_verify_inputs_scatter_pages_and_poison_unused_slots(seed, page_size):
         t = torch.arange(length)
         used[pages[inp.kv_indptr[b] + t // page_size] * page_size + t % page_size] = True
     assert torch.isnan(inp.kv_cache[~used]).all() and (~used).sum() >= page_size  # spare pages exist
-    assert torch.isfinite(inp.kv_cache[used]).all() and (inp.kv_cache[used] != 0).all()
-    assert (inp.q != 0).all() and (inp.k_tree != 0).all()
+    # drawn from N(0, 1): finite and nonzero, apart from the ~1e-7 of bf16 draws that round to 0
+    for drawn in (inp.kv_cache[used], inp.q, inp.k_tree):
+        assert torch.isfinite(drawn).all() and (drawn == 0).float().mean() < 1e-3
     assert inp.q.dtype == inp.kv_cache.dtype == inp.k_tree.dtype == torch.bfloat16
     assert all(t.dtype == torch.int32 for t in (inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.kv_lens,
                                                  inp.tree_mask))
