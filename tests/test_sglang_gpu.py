@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from kgen.integrations.sglang import KgenMLA
 from kgen.reference import prefix_attention_ref
+from kgen.testing import FP8_O_TOL
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -85,9 +86,10 @@ def core(module_for):
     return KgenMLA(module_for(SPEC), max_context_len=MAX_CTX)
 
 
-def triton_verify(batch: Batch, extend, gather, core: KgenMLA) -> torch.Tensor:
+def triton_verify(batch: Batch, extend, gather, core: KgenMLA, kv_scale: float = 1.0) -> torch.Tensor:
     """TritonAttnBackend.forward_extend's extend_attention_fwd call for TARGET_VERIFY on an MLA
-    layer, with the metadata its init_forward_metadata builds (kv_indices int64, mask_indptr)."""
+    layer, with the metadata its init_forward_metadata builds (kv_indices int64, mask_indptr);
+    kv_scale is the layer's k_scale = v_scale (its k_descale, v_descale)."""
     dev, bs, n = core.device, batch.seq_lens.numel(), batch.n
     qo_indptr = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=dev)
     kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
@@ -99,7 +101,7 @@ def triton_verify(batch: Batch, extend, gather, core: KgenMLA) -> torch.Tensor:
     o = torch.empty(bs * n, core.heads, core.vdim, dtype=torch.bfloat16, device=dev)
     v = batch.k[..., :core.vdim]
     extend(batch.q, batch.k.contiguous(), v.contiguous(), o, batch.pool, batch.pool[..., :core.vdim], qo_indptr,
-           kv_indptr, kv_indices, batch.custom_mask, True, mask_indptr, n, 1.0, 1.0, core.scale, logit_cap=0.0,
+           kv_indptr, kv_indices, batch.custom_mask, True, mask_indptr, n, kv_scale, kv_scale, core.scale, logit_cap=0.0,
            sliding_window_size=-1, sinks=None, window_kv_offsets=None, xai_temperature_len=-1, page_size=1,
            score_mod=None, aux_tensors=None, extend_seq_lens_cpu=None)
     return o
@@ -199,6 +201,36 @@ def test_decode_matches_the_reference(core, sglang, seed):
                                        meta.kv_indices, meta.kv_lens, 1, core.scale, core.vdim)
         err = rel_l2(got, want)
         assert err <= 1e-2, f"decode batch {i} (lens {lens}): rel L2 {err:.3g}"
+
+
+@pytest.mark.parametrize("k_scale", [1.0, 0.375])
+def test_an_fp8_pool_is_read_as_sglangs_triton_reads_it(module_for, sglang, seed, k_scale):
+    """An fp8 pool as SGLang's MLA pool holds it (e4m3(k / k_scale)) and the layer's k_scale: kgen's
+    verify and decode against the float64 meaning of the stored bytes (fp8 tolerance), and verify
+    against SGLang's Triton extend_attention_fwd on the same pool and scales."""
+    extend, gather = sglang
+    core = KgenMLA(module_for("glm5_fp8_sm120"), max_context_len=MAX_CTX)
+    gen = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for i in range(6):
+        bs, n = int(torch.randint(1, 6, (1,), generator=gen)), [4, 16, 64][i % 3]
+        batch = Batch(core, random_lens(gen, bs, [300, 3000][i % 2]), n, gen)
+        batch.to_fp8(k_scale)
+        got = batch.kgen(core, gather, k_scale)
+        assert not torch.isnan(got).any(), f"batch {i}: kgen wrote NaN"
+        err, vs_triton = rel_l2(got, batch.fp8_ref(core)), rel_l2(got, triton_verify(batch, extend, gather, core, k_scale))
+        worst = max(worst, err)
+        assert err <= FP8_O_TOL and vs_triton <= 2 * FP8_O_TOL, f"batch {i}: rel L2 {err:.3g}, vs Triton {vs_triton:.3g}"
+    print(f"fp8 verify, k_scale {k_scale}: worst rel L2 {worst:.3g} against the float64 meaning of the bytes")
+    decode = Batch(core, [max(1, x) for x in random_lens(gen, 7, 2000)], 1, gen)
+    decode.to_fp8(k_scale)
+    meta = core.plan(decode.seq_lens, decode.fill(gather), tokens_per_req=1, verify=False,
+                     capacity=int(decode.seq_lens.sum()))
+    out = torch.full((7, core.heads * core.vdim), float("nan"), dtype=torch.bfloat16, device=core.device)
+    got = core.decode(decode.q.view(7, -1), decode.pool, meta, out, k_scale).view(7, core.heads, core.vdim)
+    want, _ = prefix_attention_ref(decode.q, decode.pool.view(-1, core.dim), meta.qo_indptr, meta.kv_indptr,
+                                   meta.kv_indices, meta.kv_lens, 1, core.scale, core.vdim, kv_scale=k_scale)
+    assert rel_l2(got, want) <= FP8_O_TOL
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,

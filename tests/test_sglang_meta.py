@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import kgen
+from kgen import fp8
 from kgen.integrations.sglang import KgenMLA
 from kgen.mask import mask_from_parents, unpack_bits
 from kgen.reference import prefix_attention_ref, verify_attention_ref
@@ -22,6 +23,7 @@ from kgen.testing import tree_parents
 
 MAX_CTX = 4096  # the model's context length: req_to_token's width
 SPEC = Path(__file__).resolve().parents[1] / "specs" / "glm5_sm120.yaml"
+FP8_SPEC = SPEC.with_name("glm5_fp8_sm120.yaml")  # the same model, e4m3 cache
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -99,14 +101,30 @@ class Batch:
             outs.append(torch.einsum("nhk,kd->nhd", p, keys[:, :core.vdim].double()))
         return torch.cat(outs)
 
-    def kgen(self, core: KgenMLA, gather) -> torch.Tensor:
+    def kgen(self, core: KgenMLA, gather, kv_scale: float = 1.0) -> torch.Tensor:
         """KgenAttnBackend's eager TARGET_VERIFY: plan from the same tensors, then verify."""
         meta = core.plan(self.seq_lens, self.fill(gather), tokens_per_req=self.n, verify=True,
                          custom_mask=self.custom_mask, capacity=max(1, int(self.seq_lens.sum())))
         out = torch.full((self.q.shape[0], core.heads * core.vdim), float("nan"), dtype=torch.bfloat16,
                          device=core.device)
-        return core.verify(self.q.view(self.q.shape[0], -1), self.k, self.pool, meta, out).view(
+        return core.verify(self.q.view(self.q.shape[0], -1), self.k, self.pool, meta, out, kv_scale).view(
             -1, core.heads, core.vdim)
+
+    def to_fp8(self, kv_scale: float) -> None:
+        """The pool as SGLang's fp8 MLA pool holds it: e4m3(row / kv_scale). See fp8_ref."""
+        self.pool = fp8.quantize(self.pool, kv_scale)
+        self.kv_scale = kv_scale
+
+    def fp8_ref(self, core: KgenMLA) -> torch.Tensor:
+        """extend_ref of what an fp8 pool's bytes mean (times kv_scale), with the tree keys
+        quantized as kgen reads them."""
+        stored, k = self.pool, self.k
+        self.pool = fp8.dequantize(stored, self.kv_scale)
+        self.k = fp8.dequantize(fp8.quantize(k, self.kv_scale), self.kv_scale)
+        try:
+            return self.extend_ref(core)
+        finally:
+            self.pool, self.k = stored, k
 
 
 @pytest.fixture(scope="module")
@@ -180,20 +198,27 @@ def test_more_draft_tokens_than_the_spec_holds_is_an_error(core, seed):
 
 
 class RefModule:
-    """kgen.jit's ops, computed by kgen.reference (CPU)."""
+    """kgen.jit's ops, computed by kgen.reference (CPU). An fp8 spec's ops quantize bf16 tree keys
+    with kv_scale, as kgen's do."""
 
     def __init__(self, spec):
         self.spec, self.device = spec, torch.device("cpu")
         m = spec.model
         self.args = (1, m.softmax_scale, m.value_dim)
+        self.calls: list[tuple[str, float]] = []  # (op, kv_scale)
 
-    def verify_attention(self, q, kv_cache, k_tree, qo, kv_indptr, kv_indices, kv_lens, tree_mask, *, out):
+    def verify_attention(self, q, kv_cache, k_tree, qo, kv_indptr, kv_indices, kv_lens, tree_mask, *, kv_scale,
+                         out):
+        self.calls.append(("verify", kv_scale))
+        if self.spec.cache.kv_dtype == "float8_e4m3fn":
+            k_tree = fp8.dequantize(fp8.quantize(k_tree, kv_scale), kv_scale)
         out.copy_(verify_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), k_tree, qo, kv_indptr, kv_indices,
-                                       kv_lens, tree_mask, *self.args)[0])
+                                       kv_lens, tree_mask, *self.args, kv_scale=kv_scale)[0])
 
-    def prefix_attention(self, q, kv_cache, qo, kv_indptr, kv_indices, kv_lens, *, out):
+    def prefix_attention(self, q, kv_cache, qo, kv_indptr, kv_indices, kv_lens, *, kv_scale, out):
+        self.calls.append(("prefix", kv_scale))
         out.copy_(prefix_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), qo, kv_indptr, kv_indices, kv_lens,
-                                       *self.args)[0])
+                                       *self.args, kv_scale=kv_scale)[0])
 
 
 class TritonStandIn:
@@ -219,12 +244,12 @@ class TritonStandIn:
         self.to_triton.append("decode")
 
 
-def backend_for(batch: Batch):
+def backend_for(batch: Batch, spec: Path = SPEC):
     from kgen.integrations.sglang import _KgenMethods
 
     cls = type("KgenAttnBackend", (_KgenMethods, TritonStandIn), {})
     b = object.__new__(cls)  # SGLang's __init__ needs a model runner
-    b.kgen = KgenMLA(RefModule(kgen.load_spec(SPEC)), max_context_len=MAX_CTX)
+    b.kgen = KgenMLA(RefModule(kgen.load_spec(spec)), max_context_len=MAX_CTX)
     b.to_triton, b._kgen_meta, b.token_to_kv_pool = [], None, types.SimpleNamespace(get_key_buffer=lambda i: batch.pool)
     b.kv_index_translator = types.SimpleNamespace(
         pack_read_stream=lambda plan, *, req_pool_indices, seq_lens, indptr, out:
@@ -244,8 +269,15 @@ def forward_batch(batch: Batch, mode: str):
 
 def mla_layer(core: KgenMLA, **changes):
     layer = dict(layer_id=0, qk_head_dim=core.dim, v_head_dim=core.vdim, tp_q_head_num=core.heads, tp_k_head_num=1,
-                 scaling=core.scale, k_scale=None, logit_cap=0.0, sliding_window_size=-1)
+                 scaling=core.scale, k_scale=None, v_scale=None, logit_cap=0.0, sliding_window_size=-1)
     return types.SimpleNamespace(**{**layer, **changes})
+
+
+def scaled(k_scale: float, v_scale: float | None = None) -> dict:
+    """A RadixAttention's checkpoint KV scales (tensors, and their floats as SGLang keeps them)."""
+    v_scale = k_scale if v_scale is None else v_scale
+    return dict(k_scale=torch.tensor(k_scale), v_scale=torch.tensor(v_scale), k_scale_float=k_scale,
+                v_scale_float=v_scale)
 
 
 @pytest.mark.parametrize("graph", [False, True])
@@ -290,3 +322,65 @@ def test_the_backend_runs_plain_decode_through_kgen(seed):
     b.init_forward_metadata(fb)
     b.forward_decode(batch.q.view(3, -1), batch.k, batch.k[..., :core.vdim], mla_layer(core), fb, save_kv_cache=False)
     assert b.to_triton == ["decode"]
+
+
+@pytest.mark.parametrize("k_scale", [None, 0.375])
+def test_an_fp8_cache_is_read_with_the_layers_k_scale(seed, k_scale):
+    """SGLang's fp8 MLA cache holds e4m3(k / k_scale) (a plain cast without a scale) and is read back
+    times k_scale; the tree tokens' k arrives unscaled in bf16."""
+    gen = torch.Generator().manual_seed(seed)
+    module = RefModule(kgen.load_spec(FP8_SPEC))
+    batch = Batch(KgenMLA(module, MAX_CTX), random_lens(gen, 3, 150), 16, gen)
+    scale = 1.0 if k_scale is None else k_scale
+    batch.to_fp8(scale)
+    want = batch.fp8_ref(KgenMLA(module, MAX_CTX))
+    b = backend_for(batch, FP8_SPEC)
+    fb = forward_batch(batch, "verify")
+    b.init_forward_metadata(fb)
+    core = b.kgen
+    layer = mla_layer(core, **({} if k_scale is None else scaled(k_scale)))
+    q = batch.q.view(batch.q.shape[0], -1)
+    o = b.forward_extend(q, batch.k, batch.k[..., :core.vdim], layer, fb, save_kv_cache=False)
+    assert b.kgen.module.calls == [("verify", scale)] and not b.to_triton
+    assert rel_l2(o.view(-1, core.heads, core.vdim), want) < 1e-2
+    if k_scale is not None:  # one scale for the one latent row: a different v_scale is Triton's
+        b.forward_extend(q, batch.k, batch.k[..., :core.vdim], mla_layer(core, **scaled(k_scale, 2 * k_scale)), fb,
+                         save_kv_cache=False)
+        assert b.to_triton == ["extend"]
+
+
+def test_a_bf16_cache_with_kv_scales_is_tritons():
+    core = KgenMLA(RefModule(kgen.load_spec(SPEC)), MAX_CTX)
+    assert core.kv_scale(mla_layer(core)) == 1.0
+    assert core.kv_scale(mla_layer(core, **scaled(0.5))) is None
+    fp8_core = KgenMLA(RefModule(kgen.load_spec(FP8_SPEC)), MAX_CTX)
+    assert fp8_core.kv_scale(mla_layer(fp8_core, **scaled(0.5))) == 0.5
+    assert fp8_core.kv_scale(mla_layer(fp8_core, **scaled(float("inf")))) is None
+
+
+def test_the_runtime_spec_reads_the_runners_cache_dtype(monkeypatch):
+    """_kgen_for_model builds kgen's spec from the model runner: an fp8 e4m3 cache gets an fp8 spec,
+    a cache dtype kgen does not read leaves every mode to Triton, with the reason."""
+    from kgen.integrations import sglang as integration
+
+    monkeypatch.setattr(kgen, "jit", lambda spec: types.SimpleNamespace(spec=spec, device=torch.device("cpu")))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(major=12, minor=0))
+    monkeypatch.delenv("KGEN_SGLANG_SPEC", raising=False)
+    attn = types.SimpleNamespace(qk_head_dim=576, v_head_dim=512, scaling=0.0625, tp_q_head_num=8)
+    backend = types.SimpleNamespace(use_mla=True, dcp_size=1, enable_deterministic=False, sliding_window_size=0,
+                                    num_draft_tokens=16, target_verify_num_tokens_per_req=None, max_context_len=MAX_CTX)
+
+    def runner(dtype):
+        return types.SimpleNamespace(kv_cache_dtype=dtype, model=types.SimpleNamespace(modules=lambda: [attn]),
+                                     model_config=types.SimpleNamespace(kv_lora_rank=512, qk_rope_head_dim=64))
+
+    for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float8_e4m3fn, "float8_e4m3fn")):
+        core, why = integration._kgen_for_model(backend, runner(dtype))
+        assert why == "" and core.module.spec.cache.kv_dtype == name
+        assert core.kv_fp8 == (name == "float8_e4m3fn") and core.heads == 8 and core.max_nodes == 16
+    core, why = integration._kgen_for_model(backend, runner(torch.float8_e5m2))
+    assert core is None and "float8_e5m2" in why
+    monkeypatch.setenv("KGEN_SGLANG_SPEC", str(SPEC))  # a bf16 spec for an fp8 cache: Triton's, and why
+    core, why = integration._kgen_for_model(backend, runner(torch.float8_e4m3fn))
+    assert core is None and "bfloat16" in why and "float8_e4m3fn" in why

@@ -5,13 +5,15 @@ process before it parses arguments or builds a model runner, and it adds "kgen" 
 registry and to the `--attention-backend` / `--decode-attention-backend` /
 `--prefill-attention-backend` choices. The backend is SGLang's Triton backend with two modes
 taken over on absorbed-MLA layers (q [T, H, 576], one latent KV row per token, values = its
-first 512 dims, bf16 cache):
+first 512 dims, bf16 or fp8 e4m3 cache):
 
 - TARGET_VERIFY (tree verify) -> kgen `verify_attention`;
 - DECODE without a draft (one query token per request) -> kgen `prefix_attention`.
 
-Everything else (prefill, draft modes, non-MLA or fp8 layers, DCP, sliding windows, ...) is
-SGLang's Triton backend unchanged. SGLang's metadata is turned into kgen's on the device, with no
+An fp8 cache is read as SGLang's Triton backend reads it: a stored row means its e4m3 values
+times the layer's k_scale (1 when the layer has none), and the layer's new rows are stored as
+k / k_scale. Everything else (prefill, draft modes, non-MLA layers, a v_scale other than k_scale,
+DCP, sliding windows, ...) is SGLang's Triton backend unchanged. SGLang's metadata is turned into kgen's on the device, with no
 host sync: qo_indptr = arange(0, (B+1)·N, N); kv_indptr = cumsum(seq_lens) (page size 1: pages
 are slots); kv_indices = the request's req_to_token slots, gathered by the same translator call
 the Triton backend makes but into an int32 buffer; tree_mask = `mask_from_sglang` of the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from .defrag_planner import Defragmenter, DefragStats, Settings
 
 NAME = "kgen"
 SUPPORTED_SGLANG = ("0.5.23",)
+KV_DTYPES = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}  # SGLang's cache dtype -> kgen's
 logger = logging.getLogger(__name__)
 
 
@@ -116,6 +120,7 @@ class KgenMLA:
         m, tree = module.spec.model, module.spec.tree
         self.heads, self.dim, self.vdim = m.num_q_heads, m.head_dim, m.value_dim
         self.scale, self.max_nodes, self.words = m.softmax_scale, tree.nodes, tree.mask_words
+        self.kv_fp8 = module.spec.cache.kv_dtype == "float8_e4m3fn"
         self.max_context_len = max_context_len
         self.device = module.device
         self.graph: dict[str, torch.Tensor] | None = None
@@ -171,16 +176,31 @@ class KgenMLA:
         fill(indptr, indices)
         return Meta(qo, indptr, indices, seq, mask)
 
-    def verify(self, q: torch.Tensor, k: torch.Tensor, kv_cache: torch.Tensor, meta: Meta, out: torch.Tensor):
-        """q [T, H*D] or [T, H, D]; k [T, 1, D] the tree tokens' latent rows; out [T, H*Dv]."""
+    def kv_scale(self, layer) -> float | None:
+        """The scale this layer's cache is read with (kgen's kv_scale), or None when kgen cannot read
+        it as SGLang does: SGLang reads keys times k_scale and values times v_scale, kgen has one
+        scale for the one latent row, and a bf16 cache is read unscaled."""
+        k_scale, v_scale = layer.k_scale, getattr(layer, "v_scale", None)
+        if k_scale is None and v_scale is None:
+            return 1.0
+        if not self.kv_fp8 or k_scale is None or v_scale is None:
+            return None
+        k, v = float(layer.k_scale_float), float(layer.v_scale_float)
+        return k if k == v and math.isfinite(k) and k > 0 else None
+
+    def verify(self, q: torch.Tensor, k: torch.Tensor, kv_cache: torch.Tensor, meta: Meta, out: torch.Tensor,
+               kv_scale: float = 1.0):
+        """q [T, H*D] or [T, H, D]; k [T, 1, D] the tree tokens' latent rows (bf16, unscaled: kgen
+        quantizes them for an fp8 spec); out [T, H*Dv]."""
         self.module.verify_attention(q.reshape(-1, self.heads, self.dim), kv_cache, k.reshape(-1, self.dim),
                                      meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_lens, meta.tree_mask,
-                                     out=out.view(-1, self.heads, self.vdim))
+                                     kv_scale=kv_scale, out=out.view(-1, self.heads, self.vdim))
         return out
 
-    def decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: Meta, out: torch.Tensor):
+    def decode(self, q: torch.Tensor, kv_cache: torch.Tensor, meta: Meta, out: torch.Tensor, kv_scale: float = 1.0):
         self.module.prefix_attention(q.reshape(-1, self.heads, self.dim), kv_cache, meta.qo_indptr, meta.kv_indptr,
-                                     meta.kv_indices, meta.kv_lens, out=out.view(-1, self.heads, self.vdim))
+                                     meta.kv_indices, meta.kv_lens, kv_scale=kv_scale,
+                                     out=out.view(-1, self.heads, self.vdim))
         return out
 
 
@@ -194,8 +214,9 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
         return None, "not an MLA model"
     if backend.dcp_size > 1 or backend.enable_deterministic or (backend.sliding_window_size or 0) > 0:
         return None, "DCP, deterministic inference or sliding windows are on"
-    if runner.kv_cache_dtype != torch.bfloat16:
-        return None, f"KV cache dtype {runner.kv_cache_dtype} (kgen reads bfloat16)"
+    kv_dtype = KV_DTYPES.get(runner.kv_cache_dtype)
+    if kv_dtype is None:
+        return None, f"KV cache dtype {runner.kv_cache_dtype} (kgen reads {' or '.join(KV_DTYPES.values())})"
     cfg = runner.model_config
     dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
     layers = {(m.tp_q_head_num, float(m.scaling)) for m in runner.model.modules()
@@ -207,13 +228,15 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     path = os.environ.get("KGEN_SGLANG_SPEC")
     if path:
         spec = kgen.load_spec(path)
+        if spec.cache.kv_dtype != kv_dtype:
+            return None, f"KGEN_SGLANG_SPEC {path} reads a {spec.cache.kv_dtype} cache; this one is {kv_dtype}"
     else:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         spec = parse_spec(dict(
             name="sglang_runtime",
             model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
                        softmax_scale=scale),
-            cache=dict(page_size=1, kv_dtype="bfloat16"),
+            cache=dict(page_size=1, kv_dtype=kv_dtype),
             tree=dict(max_nodes=max(1, backend.num_draft_tokens or 1, backend.target_verify_num_tokens_per_req or 1)),
             target=dict(arch=arch_for_capability(props.major, props.minor).name)), "the SGLang model config")
     return KgenMLA(kgen.jit(spec), backend.max_context_len), ""
@@ -282,39 +305,45 @@ class _KgenMethods:
     # -- forward --
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
                        aux_tensors=None):
-        if not (forward_batch.forward_mode.is_target_verify() and self._kgen_serves(layer, q, k, v, sinks, score_mod,
-                                                                                     aux_tensors)):
+        kv_scale = self._kgen_kv_scale(layer, q, k, v, sinks, score_mod, aux_tensors)
+        if not forward_batch.forward_mode.is_target_verify() or kv_scale is None:
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks=sinks,
                                           score_mod=score_mod, aux_tensors=aux_tensors)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         o = getattr(forward_batch, "_attn_output", None)  # a caller's output buffer, as Triton honours it
         if o is None:
             o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
-        return self.kgen.verify(q, k, self.token_to_kv_pool.get_key_buffer(layer.layer_id), self._kgen_meta, o)
+        return self.kgen.verify(q, k, self.token_to_kv_pool.get_key_buffer(layer.layer_id), self._kgen_meta, o,
+                                kv_scale)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
                        aux_tensors=None):
-        if not (forward_batch.forward_mode.is_decode() and self._kgen_serves(layer, q, k, v, sinks, score_mod,
-                                                                              aux_tensors)):
+        kv_scale = self._kgen_kv_scale(layer, q, k, v, sinks, score_mod, aux_tensors)
+        if not forward_batch.forward_mode.is_decode() or kv_scale is None:
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache, sinks=sinks,
                                           score_mod=score_mod, aux_tensors=aux_tensors)
         self._save_kv(layer, forward_batch, k, v, save_kv_cache)
         o = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
-        return self.kgen.decode(q, self.token_to_kv_pool.get_key_buffer(layer.layer_id), self._kgen_meta, o)
+        return self.kgen.decode(q, self.token_to_kv_pool.get_key_buffer(layer.layer_id), self._kgen_meta, o,
+                                kv_scale)
 
-    def _kgen_serves(self, layer, q, k, v, sinks, score_mod, aux_tensors) -> bool:
+    def _kgen_kv_scale(self, layer, q, k, v, sinks, score_mod, aux_tensors) -> float | None:
+        """The kv_scale kgen serves this layer's call with, or None: the call is Triton's."""
         g = self.kgen
-        return (self._kgen_meta is not None and k is not None and v is not None and sinks is None
-                and score_mod is None and aux_tensors is None and q.dtype == torch.bfloat16
-                and layer.qk_head_dim == g.dim and layer.v_head_dim == g.vdim and layer.tp_q_head_num == g.heads
-                and layer.tp_k_head_num == 1 and float(layer.scaling) == g.scale and layer.k_scale is None
-                and not layer.logit_cap and (layer.sliding_window_size is None or layer.sliding_window_size < 0)
-                and getattr(layer, "xai_temperature_len", -1) <= 0)
+        serves = (self._kgen_meta is not None and k is not None and v is not None and sinks is None
+                  and score_mod is None and aux_tensors is None and q.dtype == torch.bfloat16
+                  and layer.qk_head_dim == g.dim and layer.v_head_dim == g.vdim and layer.tp_q_head_num == g.heads
+                  and layer.tp_k_head_num == 1 and float(layer.scaling) == g.scale
+                  and not layer.logit_cap and (layer.sliding_window_size is None or layer.sliding_window_size < 0)
+                  and getattr(layer, "xai_temperature_len", -1) <= 0)
+        return g.kv_scale(layer) if serves else None
 
     def _save_kv(self, layer, fb, k, v, save_kv_cache: bool) -> None:
-        if save_kv_cache:  # as the Triton backend stores an MLA layer's row (no k_scale, no SWA)
+        if save_kv_cache:  # as the Triton backend stores an MLA layer's row: k / k_scale when scaled (no SWA)
             from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+            if layer.k_scale is not None:
+                k = k.clone().div_(layer.k_scale)  # a copy: the tree keys are read unscaled below
             self.token_to_kv_pool.set_kv_buffer(layer, KVWriteLoc.for_batch(fb), k, v)
 
 
