@@ -2,7 +2,8 @@
 
 Every op launches on torch.cuda.current_stream(), allocates only through torch, never syncs
 with the host (unless KGEN_VALIDATE=1) and so can be captured in a CUDA graph: all launch
-sizes derive from tensor shapes, and the split schedule is computed on the device.
+sizes derive from tensor shapes, and each attention CTA finds its split-KV work item on the
+device (templates/schedule.cuh).
 """
 
 from __future__ import annotations
@@ -100,42 +101,32 @@ class Module:
         validate = _validate()
         error = torch.zeros(1, dtype=torch.int32, device=dev)
         target = self.sm_count * self.plan.tiles.min_blocks  # one wave of attention CTAs
-        cap, tree_cap = work_capacity(self.plan, total, batch, target)
-        if prefix is not None:
-            tree_cap = 0  # verify and prefix read only prefix items (the tree rides on the last split)
-        else:
-            cap = 0  # tree_attention reads only tree items
-        work = torch.empty(cap, 4, dtype=torch.int32, device=dev)
-        tree_work = torch.empty(tree_cap, 2, dtype=torch.int32, device=dev)
+        prefix_items, tree_items = work_capacity(self.plan, total, batch, target)
+        grid = prefix_items if prefix is not None else tree_items  # one CTA per possible work item
         req_meta = torch.empty(batch, 4, dtype=torch.int32, device=dev)
-        max_nodes = self.spec.tree.nodes if tree is not None else total
-        fused = prefix is not None and tree is not None  # verify: the tree rides on each row tile's last split
-        self.k["schedule"](1, qo_indptr=qo_indptr, kv_lens=kv_lens, batch=batch, target_ctas=target,
-                           min_split_tiles=MIN_SPLIT_TILES, min_splits=int(fused), work_capacity=cap,
-                           tree_capacity=tree_cap, total_tokens=total, max_nodes=max_nodes, validate=int(validate),
-                           error_flag=error, work=work, tree_work=tree_work, req_meta=req_meta)
+        # Verify and tree-only calls give every request at least one split: verify's tree rides on
+        # each row tile's last split, tree-only has one item per row tile (all kv_lens 0).
+        schedule = dict(qo_indptr=qo_indptr, kv_lens=kv_lens, batch=batch, target_ctas=target,
+                        min_split_tiles=MIN_SPLIT_TILES, min_splits=int(tree is not None),
+                        max_nodes=self.spec.tree.nodes if tree is not None else total, total_tokens=total,
+                        validate=int(validate), error_flag=error, req_meta=req_meta)
 
         bm, dv = self.plan.tiles.bm, m.value_dim
-        slots = cap if prefix is not None else tree_cap
-        part_o = torch.empty(slots * bm, dv, dtype=torch.float32, device=dev)
-        part_lse = torch.empty(slots * bm, dtype=torch.float32, device=dev)
+        part_o = torch.empty(grid * bm, dv, dtype=torch.float32, device=dev)
+        part_lse = torch.empty(grid * bm, dtype=torch.float32, device=dev)
         mask_ptr = (tree_mask if tree_mask is not None else 0) if tree is not None else None
         if prefix is not None:
-            args = dict(q=q, kv_cache=kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                        kv_lens=kv_lens, kv_scale=kv_scale, work=work, part_o=part_o, part_lse=part_lse,
-                        num_slots=kv_cache.shape[0], validate=int(validate), error_flag=error)
-            if fused:
-                self.k["verify_attn"](cap, **args, k_tree=k_tree, tree_mask=mask_ptr)
+            args = dict(q=q, kv_cache=kv_cache, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_scale=kv_scale,
+                        part_o=part_o, part_lse=part_lse, num_slots=kv_cache.shape[0], **schedule)
+            if tree is not None:
+                self.k["verify_attn"](grid, **args, k_tree=k_tree, tree_mask=mask_ptr)
             else:
-                self.k["prefix_attn"](cap, **args)
+                self.k["prefix_attn"](grid, **args)
         else:
-            self.k["tree_attn"](tree_cap, q=q, k_tree=k_tree, kv_scale=kv_scale, qo_indptr=qo_indptr,
-                                tree_mask=mask_ptr, tree_work=tree_work, req_meta=req_meta, part_o=part_o,
-                                part_lse=part_lse)
-        # Tree-only: the tree partials sit where prefix splits would (slot = first tree item + row tile).
+            self.k["tree_attn"](grid, q=q, k_tree=k_tree, kv_scale=kv_scale, tree_mask=mask_ptr, part_o=part_o,
+                                part_lse=part_lse, **schedule)
         self.k["lse_combine"](total * m.num_q_heads, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr,
-                              req_meta=req_meta, batch=batch, tree_slot_base=0 if prefix is None else -1,
-                              o=out, lse=lse)
+                              req_meta=req_meta, batch=batch, o=out, lse=lse)
         if validate:
             self._raise_device_errors(error, prefix is not None)
         return out, lse

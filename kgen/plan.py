@@ -29,7 +29,7 @@ KV_CTYPES = {"bfloat16": "__nv_bfloat16", "float8_e4m3fn": "unsigned char"}
 
 @dataclass(frozen=True)
 class Variant:
-    kernel: str  # which of the kernels: prefix_attn, tree_attn, lse_merge, kv_defrag, schedule
+    kernel: str  # which of the kernels: prefix_attn, tree_attn, lse_merge, kv_defrag
     name: str  # what this entry point does, e.g. "lse_merge_bf16"
     template: str  # templates/<template>
     threads: int
@@ -195,29 +195,18 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
                         f"{arch.name} has {arch.smem_per_sm} B per SM")
     attn = _attention_constants(spec, tiles)
 
-    variants.append(Variant(
-        kernel="schedule", name="schedule", template="schedule.cu.j2",
-        threads=1024, smem_bytes=0, min_blocks=1,
-        constants={"HEADS": m.num_q_heads, "BM": tiles.bm, "BN": tiles.bn, "PAGE_SIZE": spec.cache.page_size},
-        params=_params("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens",
-                       "int batch", "int target_ctas", "int min_split_tiles", "int min_splits", "int work_capacity",
-                       "int tree_capacity", "int total_tokens", "int max_nodes", "int validate",
-                       "int* __restrict__ error_flag", "int4* __restrict__ work",
-                       "int2* __restrict__ tree_work", "int4* __restrict__ req_meta"),
-        tag=tag,
-    ))
-
     tree_consts = {"MASK_WORDS": spec.tree.mask_words, "STATIC_TREE": int(spec.tree.is_static)}
     if spec.tree.is_static:
         from .mask import static_mask_words  # local: plan -> mask is only needed for static trees
         tree_consts["STATIC_MASK"] = static_mask_words(spec.tree.parents)
     kv = KV_CTYPES[spec.cache.kv_dtype]
+    # Every attention CTA finds its own split-KV work item (templates/schedule.cuh).
+    schedule_params = ("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens", "int batch",
+                       "int target_ctas", "int min_split_tiles", "int min_splits", "int max_nodes", "int total_tokens",
+                       "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta")
     prefix_params = (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ kv_cache", "float kv_scale",
-                     "const int* __restrict__ qo_indptr", "const int* __restrict__ kv_indptr",
-                     "const int* __restrict__ kv_indices", "const int* __restrict__ kv_lens",
-                     "const int4* __restrict__ work", "float* __restrict__ part_o",
-                     "float* __restrict__ part_lse", "long long num_slots", "int validate",
-                     "int* __restrict__ error_flag")
+                     "const int* __restrict__ kv_indptr", "const int* __restrict__ kv_indices", *schedule_params,
+                     "float* __restrict__ part_o", "float* __restrict__ part_lse", "long long num_slots")
     for name, fuse_tree in (("prefix_attn", False), ("verify_attn", True)):
         variants.append(Variant(
             kernel="prefix_attn", name=name, template="prefix_attn.cu.j2",
@@ -234,9 +223,8 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
         threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
         constants={**attn, **tree_consts},
         params=_params(f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ k_tree", "float kv_scale",
-                       "const int* __restrict__ qo_indptr", "const int* __restrict__ tree_mask",
-                       "const int2* __restrict__ tree_work", "const int4* __restrict__ req_meta",
-                       "float* __restrict__ part_o", "float* __restrict__ part_lse"),
+                       "const int* __restrict__ tree_mask", *schedule_params, "float* __restrict__ part_o",
+                       "float* __restrict__ part_lse"),
         tag=tag,
     ))
 
@@ -246,8 +234,7 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
         constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": tiles.bm},
         params=_params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
                        "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
-                       "int batch", "int tree_slot_base", f"{BF16}* __restrict__ o",
-                       "float* __restrict__ lse"),
+                       "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
         tag=tag,
     ))
 
@@ -272,9 +259,10 @@ def ceil_div(a: int, b: int) -> int:
 
 
 def work_capacity(plan: Plan, total_tokens: int, batch: int, target_ctas: int) -> tuple[int, int]:
-    """Upper bounds, known on the host, of the scheduler's prefix and tree work items.
+    """Upper bounds, known on the host, of the schedule's work items (templates/schedule.cuh): the
+    attention grid of a call with a prefix, and of a tree-only call (one item per row tile).
 
-    The scheduler picks a split of ceil(W / target) tiles, so prefix items number at most
+    The schedule picks a split of ceil(W / target) tiles, so prefix items number at most
     target + sum_b mtiles_b, and sum_b mtiles_b <= ceil(total_tokens * H / BM) + batch.
     """
     mtiles = ceil_div(total_tokens * plan.spec.model.num_q_heads, plan.tiles.bm) + batch

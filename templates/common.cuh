@@ -20,15 +20,16 @@ __device__ __forceinline__ float exp2_fast(float x) {
 // ---- block-wide reductions (blockDim.x a multiple of 32, at most 1024) ----
 
 struct Sum {
-    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+    template <typename T>
+    __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
 };
 struct Max {
     __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// Every thread gets the reduction of `v` over the block; `scratch` holds 32 floats.
-template <class Op>
-__device__ __forceinline__ float block_reduce(float v, float* scratch) {
+// Every thread gets the reduction of `v` over the block; `scratch` holds 32 values.
+template <class Op, typename T>
+__device__ __forceinline__ T block_reduce(T v, T* scratch) {
     const Op op;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
 #pragma unroll

@@ -57,15 +57,13 @@ __device__ __forceinline__ void merge_two(const T* __restrict__ o_a, const float
 namespace kgen {
 
 // Final output of verify/prefix/tree attention: one CTA per output row (token, head) merges
-// the request's split partials (and its tree partial when tree_slot_base >= 0) into o (bf16)
-// and lse; each thread owns 4 of the DV dims. Weights go through shared memory so the loop over
+// the request's split partials into o (bf16) and lse; each thread owns 4 of the DV dims. Weights go through shared memory so the loop over
 // states issues independent loads (a dependent chain of L2 latencies per state was the cost).
 // See schedule.cuh for the slot layout.
 template <int HEADS, int DV, int BM>
 __device__ __forceinline__ void combine_partials(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                                                  const int* __restrict__ qo_indptr, const int4* __restrict__ req_meta,
-                                                 int batch, int tree_slot_base, bf16* __restrict__ o,
-                                                 float* __restrict__ lse) {
+                                                 int batch, bf16* __restrict__ o, float* __restrict__ lse) {
     static_assert(DV % 4 == 0, "4 dims per thread");
     constexpr int CHUNK = 256;  // states whose weights are staged at a time
     __shared__ float weight[CHUNK];
@@ -77,12 +75,11 @@ __device__ __forceinline__ void combine_partials(const float* __restrict__ part_
         const int mid = (lo + hi + 1) / 2;
         if (qo_indptr[mid] <= token) lo = mid; else hi = mid - 1;
     }
-    const int4 meta = req_meta[lo];  // (first item, splits, first tree item, row tiles)
+    const int4 meta = req_meta[lo];  // (first item, splits, 0, row tiles)
     const int r = (token - qo_indptr[lo]) * HEADS + h, row_tile = r / BM, row = r % BM;
-    const int states = meta.y + (tree_slot_base >= 0 ? 1 : 0);
-    auto at = [&](int s) {  // index of (state s, this row) in part_lse; times DV in part_o
-        const long long slot = s < meta.y ? meta.x + s * meta.w + row_tile : tree_slot_base + meta.z + row_tile;
-        return slot * BM + row;
+    const int states = meta.y;
+    auto at = [&](int s) {  // index of (split s, this row) in part_lse; times DV in part_o
+        return ((long long)meta.x + s * meta.w + row_tile) * BM + row;
     };
 
     float m = neg_inf();

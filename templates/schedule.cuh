@@ -1,16 +1,17 @@
-// Split-KV schedule, computed on the device so that no host sync is needed (CUDA graphs).
+// Split-KV schedule, found by every attention CTA for itself: no schedule kernel and no host
+// sync (CUDA graphs), so a call is two launches (attention, combine).
 //
 // Request b has mt_b = ceil(T_b*H/BM) row tiles and nt_b = ceil(L_b/BN) KV tiles. All requests'
 // work W = sum mt_b*nt_b is cut into splits of `chunk` KV tiles, chunk = max(min_split_tiles,
 // ceil(W/target_ctas)), so the attention grid is about target_ctas CTAs whatever the batch.
-// Request b gets s_b = ceil(nt_b/chunk) splits; its prefix work items are (split, row tile)
-// pairs, row tile fastest, so the CTAs that share a KV chunk run side by side and the chunk is
-// read from DRAM once. Tree work items are one per row tile. min_splits = 1 gives a request
-// with no prefix one (empty) split all the same: verify_attn does its tree in the last split.
+// Request b gets s_b = max(min_splits, ceil(nt_b/chunk)) splits; its work items are (split, row
+// tile) pairs, row tile fastest, so the CTAs that share a KV chunk run side by side and the chunk
+// is read from DRAM once. CTA i does item i; CTAs past the last item have none. min_splits = 1
+// gives a request with no prefix one (empty) split all the same: verify_attn does its tree in
+// the last split, and tree_attn (all kv_lens 0) gets one item per row tile.
 //
-//   work[i]      = (b, row tile, first KV tile, end KV tile), or b = -1 past the last item
-//   tree_work[i] = (b, row tile), or b = -1
-//   req_meta[b]  = (first work item, splits, first tree item, row tiles)
+//   req_meta[b] = (first item, splits, 0, row tiles), written by CTA 0 for the combine kernel; the
+//   partial state of item i is slot i of part_o / part_lse.
 #pragma once
 #include "kgen/common.cuh"
 
@@ -20,13 +21,14 @@ struct RequestShape {
     int tokens, keys, row_tiles, kv_tiles;
 };
 
+// Lengths are clamped to what the kernels can index; `report` flags the bad ones (KGEN_VALIDATE).
 template <int HEADS, int BM, int BN>
 __device__ __forceinline__ RequestShape request_shape(const int* qo_indptr, const int* kv_lens, int b, int max_nodes,
-                                                      int validate, int* error_flag) {
+                                                      bool report, int* error_flag) {
     int tokens = qo_indptr[b + 1] - qo_indptr[b];
     int keys = kv_lens[b];
     if (tokens < 0 || tokens > max_nodes || keys < 0) {
-        if (validate) atomicOr(error_flag, 1);
+        if (report) atomicOr(error_flag, 1);
         tokens = min(max(tokens, 0), max_nodes);
         keys = max(keys, 0);
     }
@@ -59,74 +61,72 @@ __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* tot
     return v;
 }
 
-// Last b in [0, n) with starts[b * stride] <= i (the non-empty request holding item i).
-__device__ __forceinline__ int find_owner(const int* starts, int stride, int n, int i) {
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (starts[mid * stride] <= i) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
+struct WorkItem {
+    int b;  // request, or -1: this CTA has no item
+    int row_tile, tile_begin, tile_end;  // KV tiles [tile_begin, tile_end) of the request's prefix
+};
 
+struct ScheduleArgs {
+    const int* qo_indptr;
+    const int* kv_lens;
+    int batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens, validate;
+    int* error_flag;
+    int4* req_meta;
+};
+
+// This CTA's work item. Every thread of the CTA calls it; `scratch` is 400 bytes of shared memory
+// (8-byte aligned) that the caller does not use until the call returns. Not inlined: it runs once
+// per CTA, and out of line its temporaries stay out of the attention loop's register allocation
+// (inlined, the fp8 verify kernel for sm_90 spilled a register at the 168-register cap).
 template <int HEADS, int BM, int BN>
-__device__ __forceinline__ void schedule(const int* __restrict__ qo_indptr, const int* __restrict__ kv_lens,
-                                         int batch, int target_ctas, int min_split_tiles, int min_splits,
-                                         int work_capacity,
-                                         int tree_capacity, int total_tokens, int max_nodes, int validate,
-                                         int* __restrict__ error_flag, int4* __restrict__ work,
-                                         int2* __restrict__ tree_work, int4* __restrict__ req_meta) {
-    __shared__ unsigned long long total_work;
-    __shared__ int scratch[32];
+__device__ __noinline__ WorkItem find_work_item(const ScheduleArgs a, void* scratch) {
+    int* scan = static_cast<int*>(scratch);                                        // 32 ints
+    unsigned long long* sums = reinterpret_cast<unsigned long long*>(scan + 32);  // 32 values
+    int* found = scan + 96;  // this CTA's WorkItem
+    const bool report = a.validate && blockIdx.x == 0;  // one CTA reports bad lengths
     if (threadIdx.x == 0) {
-        total_work = 0;
-        if (validate && (qo_indptr[0] != 0 || qo_indptr[batch] != total_tokens)) atomicOr(error_flag, 1);
+        found[0] = -1;
+        if (report && (a.qo_indptr[0] != 0 || a.qo_indptr[a.batch] != a.total_tokens)) atomicOr(a.error_flag, 1);
     }
-    __syncthreads();
     unsigned long long mine = 0;
-    for (int b = threadIdx.x; b < batch; b += blockDim.x) {
-        const RequestShape r = request_shape<HEADS, BM, BN>(qo_indptr, kv_lens, b, max_nodes, validate, error_flag);
+    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
+        const RequestShape r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, report, a.error_flag);
         mine += (unsigned long long)r.row_tiles * r.kv_tiles;
     }
-    atomicAdd(&total_work, mine);
-    __syncthreads();
-    const long long chunk = max((long long)min_split_tiles,
-                                ((long long)total_work + target_ctas - 1) / target_ctas);
+    const unsigned long long total_work = block_reduce<Sum>(mine, sums);
+    const long long chunk = max((long long)a.min_split_tiles,
+                                ((long long)total_work + a.target_ctas - 1) / a.target_ctas);
 
-    int items_before = 0, tree_before = 0;
-    for (int base = 0; base < batch; base += blockDim.x) {
+    // Requests in blocks of blockDim.x: a scan of their item counts finds the request holding
+    // item blockIdx.x. CTA 0 goes through all of them to write req_meta.
+    int items_before = 0;
+    for (int base = 0; base < a.batch; base += blockDim.x) {
         const int b = base + threadIdx.x;
-        int splits = 0, row_tiles = 0;
-        if (b < batch) {
-            const RequestShape r = request_shape<HEADS, BM, BN>(qo_indptr, kv_lens, b, max_nodes, 0, error_flag);
-            splits = max(min_splits, (int)((r.kv_tiles + chunk - 1) / chunk));
-            row_tiles = r.row_tiles;
+        RequestShape r{};
+        int splits = 0;
+        if (b < a.batch) {
+            r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false, a.error_flag);
+            splits = max(a.min_splits, (int)((r.kv_tiles + chunk - 1) / chunk));
         }
-        int items_total, tree_total;
-        const int items_incl = block_inclusive_sum(splits * row_tiles, scratch, &items_total);
-        const int tree_incl = block_inclusive_sum(row_tiles, scratch, &tree_total);
-        if (b < batch)
-            req_meta[b] = make_int4(items_before + items_incl - splits * row_tiles, splits,
-                                    tree_before + tree_incl - row_tiles, row_tiles);
-        items_before += items_total;
-        tree_before += tree_total;
+        const int items = splits * r.row_tiles;
+        int block_items;
+        const int first = items_before + block_inclusive_sum(items, scan, &block_items) - items;
+        items_before += block_items;
+        if (b < a.batch) {
+            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits, 0, r.row_tiles);
+            const int local = static_cast<int>(blockIdx.x) - first;
+            if (0 <= local && local < items) {  // this thread's request holds the CTA's item
+                const long long begin = (local / r.row_tiles) * chunk;
+                found[0] = b;
+                found[1] = local % r.row_tiles;
+                found[2] = (int)begin;
+                found[3] = (int)min((long long)r.kv_tiles, begin + chunk);
+            }
+        }
+        __syncthreads();  // found[] is complete and the same for every thread
+        if (blockIdx.x != 0 && found[0] >= 0) break;
     }
-    __syncthreads();  // req_meta is complete and visible to the block
-
-    for (int i = threadIdx.x; i < work_capacity; i += blockDim.x) {
-        if (i >= items_before) { work[i] = make_int4(-1, 0, 0, 0); continue; }
-        const int b = find_owner(&req_meta[0].x, 4, batch, i);
-        const int4 m = req_meta[b];
-        const int local = i - m.x, split = local / m.w;
-        const int kv_tiles = (max(kv_lens[b], 0) + BN - 1) / BN;
-        const int begin = (int)(split * chunk);
-        work[i] = make_int4(b, local % m.w, begin, (int)min((long long)kv_tiles, begin + chunk));
-    }
-    for (int i = threadIdx.x; i < tree_capacity; i += blockDim.x) {
-        if (i >= tree_before) { tree_work[i] = make_int2(-1, 0); continue; }
-        const int b = find_owner(&req_meta[0].z, 4, batch, i);
-        tree_work[i] = make_int2(b, i - req_meta[b].z);
-    }
+    return {found[0], found[1], found[2], found[3]};
 }
 
 }  // namespace kgen

@@ -29,7 +29,7 @@ def cache(tmp_path_factory):
 def test_every_kernel_compiles_without_spills(path, arch, cache):
     p = plan(kgen.load_spec(path))
     built = build(p, [arch], cache)
-    assert {b.variant.kernel for b in built} == {"prefix_attn", "tree_attn", "lse_merge", "kv_defrag", "schedule"}
+    assert {b.variant.kernel for b in built} == {"prefix_attn", "tree_attn", "lse_merge", "kv_defrag"}
     for b in built:
         assert b.cubin[:4] == b"\x7fELF", b.variant.name
         assert b.report.spill_bytes == 0, (b.variant.name, b.report)

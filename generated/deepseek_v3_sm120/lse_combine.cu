@@ -4,15 +4,13 @@
 
 static_assert(128 * 4 == 512, "one thread per 4 output dims");
 
-extern "C" __global__ void __launch_bounds__(128, 4) lse_combine__h128_d576_ps64_bf16_t16_sm120__b0cb21533727(
+extern "C" __global__ void __launch_bounds__(128, 4) lse_combine__h128_d576_ps64_bf16_t16_sm120__5af168190453(
     const float* __restrict__ part_o,
     const float* __restrict__ part_lse,
     const int* __restrict__ qo_indptr,
     const int4* __restrict__ req_meta,
     int batch,
-    int tree_slot_base,
     __nv_bfloat16* __restrict__ o,
     float* __restrict__ lse) {
-    kgen::combine_partials<128, 512, 32>(part_o, part_lse, qo_indptr, req_meta, batch,
-                                                      tree_slot_base, o, lse);
+    kgen::combine_partials<128, 512, 32>(part_o, part_lse, qo_indptr, req_meta, batch, o, lse);
 }

@@ -4,15 +4,13 @@
 
 static_assert(128 * 4 == 512, "one thread per 4 output dims");
 
-extern "C" __global__ void __launch_bounds__(128, 4) lse_combine__h8_d576_ps1_bf16_t64_sm120__42fe756ca3c3(
+extern "C" __global__ void __launch_bounds__(128, 4) lse_combine__h8_d576_ps1_bf16_t64_sm120__04a23689f30a(
     const float* __restrict__ part_o,
     const float* __restrict__ part_lse,
     const int* __restrict__ qo_indptr,
     const int4* __restrict__ req_meta,
     int batch,
-    int tree_slot_base,
     __nv_bfloat16* __restrict__ o,
     float* __restrict__ lse) {
-    kgen::combine_partials<8, 512, 32>(part_o, part_lse, qo_indptr, req_meta, batch,
-                                                      tree_slot_base, o, lse);
+    kgen::combine_partials<8, 512, 32>(part_o, part_lse, qo_indptr, req_meta, batch, o, lse);
 }
