@@ -71,7 +71,6 @@ extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h16_d576_ps1_b
     const long long row0 = (long long)qo0 * Cfg::HEADS + row_tile * Cfg::BM;  // row of q viewed as [sum T * H, D]
     const int rows = (qo_indptr[b + 1] - qo0) * Cfg::HEADS - row_tile * Cfg::BM;
     const int page0 = kv_indptr[b], prefix_len = max(kv_lens[b], 0);
-
     const PagedRows keys{reinterpret_cast<const char*>(kv_cache), kv_indices + page0, kv_indptr[b + 1] - page0, num_slots, validate, error_flag};
 
     kgen::AttnState<Cfg> st;
