@@ -57,8 +57,9 @@ __device__ __forceinline__ void merge_two(const T* __restrict__ o_a, const float
 namespace kgen {
 
 // Final output of verify/prefix/tree attention: one CTA per output row (token, head) merges
-// the request's split partials into o (bf16) and lse; each thread owns 4 of the DV dims. Weights go through shared memory so the loop over
-// states issues independent loads (a dependent chain of L2 latencies per state was the cost).
+// the request's split partials into o (bf16) and lse; each thread owns 4 of the DV dims. Weights
+// go through shared memory so the loop over states issues independent loads (a dependent chain
+// of L2 latencies per state was the cost).
 // See schedule.cuh for the slot layout.
 template <int HEADS, int DV, int BM>
 __device__ __forceinline__ void combine_partials(const float* __restrict__ part_o, const float* __restrict__ part_lse,
