@@ -1,5 +1,6 @@
 """Render + NVRTC compile of every shipped spec (CPU only: NVRTC from pip needs no GPU)."""
 
+import random
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
-from kgen.plan import AttentionTiles, attention_smem_bytes, plan
+from kgen.ops import MIN_SPLIT_TILES
+from kgen.plan import AttentionTiles, attention_smem_bytes, plan, work_capacity
 from kgen.render import generated_files, render
 from kgen.spec import parse_spec
 
@@ -132,3 +134,32 @@ def test_nvrtc_reports_ptxas_usage_on_every_compile_of_a_source(monkeypatch):
     src = 'extern "C" __global__ void twice(float* x) { x[threadIdx.x] *= 2.f; }'
     reports = [nvrtc.compile_cubin(src, {}, "sm_90", "twice", "twice.cu").report for _ in range(2)]
     assert reports[0] == reports[1] and reports[0].registers > 0
+
+
+def schedule_items(heads: int, bm: int, bn: int, tokens: list[int], keys: list[int], target: int,
+                   min_splits: int) -> int:
+    """How many work items templates/schedule.cuh hands out (its arithmetic, in Python)."""
+    row_tiles = [-(-t * heads // bm) for t in tokens]
+    kv_tiles = [-(-k // bn) for k in keys]
+    work = sum(m * n for m, n in zip(row_tiles, kv_tiles))
+    chunk = max(MIN_SPLIT_TILES, -(-work // target))
+    return sum(m * max(min_splits, -(-n // chunk)) for m, n in zip(row_tiles, kv_tiles))
+
+
+@pytest.mark.parametrize("path", [ROOT / "specs" / "glm5_sm120.yaml", ROOT / "specs" / "glm5_tp4_sm120.yaml"],
+                         ids=lambda p: p.stem)
+def test_the_grid_holds_every_work_item_of_the_schedule(path, seed):
+    """One attention CTA per possible item (work_capacity): a schedule that handed out more would
+    leave rows unattended. Random ragged batches, empty prefixes and trees, long contexts."""
+    p = plan(kgen.load_spec(path))
+    rng = random.Random(seed)
+    heads, bm, bn, nodes = p.spec.model.num_q_heads, p.tiles.bm, p.tiles.bn, p.spec.tree.nodes
+    for _ in range(2000):
+        batch = rng.choice([1, 2, 3, 8, 31, 64, 257])
+        tokens = [rng.choice([0, 1, rng.randint(1, nodes), nodes]) for _ in range(batch)]
+        keys = [rng.choice([0, 1, rng.randint(1, 5000), rng.randint(1, 1 << 20)]) for _ in range(batch)]
+        target = rng.choice([132, 188])
+        prefix_grid, tree_grid = work_capacity(p, sum(tokens), batch, target)
+        for min_splits in (0, 1):  # prefix_attention, verify_attention
+            assert schedule_items(heads, bm, bn, tokens, keys, target, min_splits) <= prefix_grid
+        assert schedule_items(heads, bm, bn, tokens, [0] * batch, target, 1) <= tree_grid  # tree_attention
