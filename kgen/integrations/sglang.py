@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import weakref
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from .. import fp8
 from ..mask import mask_from_parents, mask_from_sglang
 from .defrag_planner import Defragmenter, DefragStats, Settings
 
@@ -186,7 +186,10 @@ class KgenMLA:
         if not self.kv_fp8 or k_scale is None or v_scale is None:
             return None
         k, v = float(layer.k_scale_float), float(layer.v_scale_float)
-        return k if k == v and math.isfinite(k) and k > 0 else None
+        try:
+            return fp8.check_scale(k) if k == v else None
+        except ValueError:  # not a scale kgen's ops accept (inf, nan, <= 0): Triton's
+            return None
 
     def verify(self, q: torch.Tensor, k: torch.Tensor, kv_cache: torch.Tensor, meta: Meta, out: torch.Tensor,
                kv_scale: float = 1.0):
