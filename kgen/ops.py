@@ -13,9 +13,9 @@ import os
 import torch
 
 from . import checks, fp8
-from .arch import arch_for_capability
+from .arch import arch_for_capability, get_arch
 from .build import build
-from .plan import AttentionTiles, Plan, ceil_div, plan, work_capacity
+from .plan import Plan, Tiles, ceil_div, plan, work_capacity
 from .runtime import Kernel
 from .spec import Spec
 
@@ -28,16 +28,18 @@ def _validate() -> bool:
 
 
 class Module:
-    def __init__(self, spec: Spec, device: torch.device | str | None = None, tiles: AttentionTiles | None = None):
+    def __init__(self, spec: Spec, device: torch.device | str | None = None, tiles: Tiles | None = None,
+                 arch: str | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("kgen.jit needs a CUDA GPU (torch.cuda.is_available() is False)")
         self.device = torch.device(device or "cuda")
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.spec = spec
-        self.plan: Plan = plan(spec, tiles=tiles)  # the spec's target plan, compiled for the GPU present
         props = torch.cuda.get_device_properties(self.device)
-        self.arch = arch_for_capability(props.major, props.minor)
+        self.arch = arch_for_capability(props.major, props.minor)  # the GPU present: what the cubins are for
+        # The plan of the GPU present, or of `arch` (e.g. the sm_120 plan tested on an H200).
+        self.plan: Plan = plan(spec, get_arch(arch) if arch else self.arch, tiles=tiles)
         self.sm_count = props.multi_processor_count
         self.built = build(self.plan, [self.arch.name])
         self.k = {b.variant.name: Kernel(b, self.device) for b in self.built}
