@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from bench.timing import capture
 from kgen import fp8
 from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs, poison_,
                           tolerances)
@@ -112,14 +113,7 @@ def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, c
         step.prefix(x["q"], x["kv_cache"], kv_scale=scales[0], out=outs[-2][0], lse=outs[-2][1])
         step.tree(x["q"], x["k_tree"], kv_scale=scales[0], out=outs[-1][0], lse=outs[-1][1])
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up off the default stream, as torch advises before capture
-        forward()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        forward()
+    graph = capture(forward)
 
     for replay, lens in enumerate([[max_len] * batch_size, [0, max_len, 1, max_len - 1],
                                    [rng.randint(0, max_len) for _ in range(batch_size)], [0] * batch_size]):
