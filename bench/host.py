@@ -8,14 +8,16 @@ calling it:
 - one-shot:  mod.verify_attention(...)            (prepare + run per call)
 - prepared:  step.verify(q, kv_cache, k_tree)     (mod.prepare once, as a server does per step)
 - torch.ops: torch.ops.kgen.verify_attention(...) (the custom op; allocates its outputs)
-the first two with out=/lse= given ("out") and without ("alloc"). Host µs per call is
+the first two with out= given and lse allocated ("out", as the SGLang backend calls them) and
+with both allocated ("alloc"). Host µs per call is
 time.perf_counter around `--calls` back-to-back calls with no sync inside, the GPU held busy
 first (torch.cuda._sleep) so that every call only enqueues; the median of `--rounds` rounds.
 GPU µs is the prepared call replayed in a CUDA graph over rotated input sets (bench/timing.py);
 eager µs is the wall time per call of back-to-back prepared calls up to a final sync.
 
-Prints a table and writes <out>/host-<spec>-<time>.json. Targets on the H200: prepared <= 15 µs,
-one-shot <= 40 µs, torch.ops <= 50 µs (the allocating calls are checked against them).
+Prints a table and writes <out>/host-<spec>-<time>.json. Targets on the H200 (issue 12), for the
+worst shape: prepared (out=) <= 15 µs, one-shot (out=) <= 40 µs, torch.ops <= 50 µs; exit code 1
+if one is missed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPES = ((1, 16, 4096), (1, 16, 32768), (8, 16, 32768), (32, 64, 4096))  # (B, T, L)
-TARGETS_US = {"prepared_alloc": 15.0, "oneshot_alloc": 40.0, "torch_op": 50.0}
+TARGETS_US = {"prepared_out": 15.0, "oneshot_out": 40.0, "torch_op": 50.0}
 MODES = ("prepared_out", "prepared_alloc", "oneshot_out", "oneshot_alloc", "torch_op")
 BUSY_CYCLES = 50_000_000  # ~25 ms of GPU sleep ahead of each round: every timed call only enqueues
 L2_ROTATIONS = 4  # rotated input sets hold this many L2 sizes of KV (GPU time only)
@@ -74,14 +76,14 @@ def measure(mod, shape: tuple[int, int, int], *, calls: int, rounds: int, device
 
     b, t, length = shape
     x = make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
-    out, lse = x.outputs()
+    out, _ = x.outputs()
     step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)
     layer = (x.q, x.kv_cache, x.k_tree)
     kw = x.kv_kwargs
     modes = {
-        "prepared_out": lambda: step.verify(*layer, **kw, out=out, lse=lse),
+        "prepared_out": lambda: step.verify(*layer, **kw, out=out),
         "prepared_alloc": lambda: step.verify(*layer, **kw),
-        "oneshot_out": lambda: mod.verify_attention(*x.verify_args(), **kw, out=out, lse=lse),
+        "oneshot_out": lambda: mod.verify_attention(*x.verify_args(), **kw, out=out),
         "oneshot_alloc": lambda: mod.verify_attention(*x.verify_args(), **kw),
         "torch_op": lambda: torch.ops.kgen.verify_attention(*x.verify_args(), mod.spec.name, x.kv_scale),
     }

@@ -20,8 +20,8 @@ def test_shapes_parse_as_b_t_l():
 
 
 def test_verdict_is_for_the_worst_shape():
-    ok = host.verdicts([row(), row(oneshot_alloc=41.0)])
-    assert ok == {"prepared_alloc": True, "oneshot_alloc": False, "torch_op": True}
+    ok = host.verdicts([row(), row(oneshot_out=41.0)])
+    assert ok == {"prepared_out": True, "oneshot_out": False, "torch_op": True}
 
 
 def test_table_has_a_row_per_shape():
