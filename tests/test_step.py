@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import kgen
-
 from kgen import fp8
 from kgen.ops import MIN_SPLIT_TILES, ZERO_LENS, Module
 from kgen.plan import plan, work_capacity
@@ -27,6 +26,7 @@ from kgen.step import workspace_layout
 from kgen.testing import make_verify_inputs
 
 from conftest import spec_named
+from test_attention_gpu import BAD_INPUTS, OP_ARGS
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 _FORMATS = {"int": "<i", "unsigned": "<I", "long long": "<q", "float": "<f"}
@@ -259,8 +259,6 @@ def test_validate_mode_raises_what_the_device_reported(monkeypatch):
 
 
 # ---- bad input ---------------------------------------------------------------------------------
-
-from test_attention_gpu import BAD_INPUTS, OP_ARGS  # noqa: E402
 
 CPU_BAD_INPUTS = [b for b in BAD_INPUTS if b[0] != "q is on the CPU"] + [
     ("q is on another device", "q", lambda a: {"q": a["q"].to("meta")}),
