@@ -12,7 +12,7 @@ the first two with out= given and lse allocated ("out", as the SGLang backend ca
 with both allocated ("alloc"). Host µs per call is
 time.perf_counter around `--calls` back-to-back calls with no sync inside, the GPU held busy
 first (torch.cuda._sleep) so that every call only enqueues; the median of `--rounds` rounds.
-GPU µs is the prepared call replayed in a CUDA graph over rotated input sets (bench/timing.py);
+GPU µs is the prepared call replayed in a CUDA graph over rotated input sets (kgen/timing.py);
 eager µs is the wall time per call of back-to-back prepared calls up to a final sync.
 
 Prints a table and writes <out>/host-<spec>-<time>.json. Targets on the H200 (issue 12), for the
@@ -72,7 +72,7 @@ def eager_us(call, *, calls: int, rounds: int) -> float:
 def measure(mod, shape: tuple[int, int, int], *, calls: int, rounds: int, device) -> dict:
     from kgen.testing import make_verify_inputs
 
-    from .timing import time_rotation
+    from kgen.timing import time_rotation
 
     b, t, length = shape
     x = make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)

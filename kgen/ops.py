@@ -21,6 +21,7 @@ from .plan import Plan, Tiles, ceil_div, plan, work_capacity
 from .runtime import Kernel, current_stream
 from .spec import Spec
 from .step import MIN_SPLIT_TILES, Step, target_ctas, workspace_layout
+from .tuning import Bucket, find_table, tiles_text
 
 __all__ = ["Module", "MIN_SPLIT_TILES"]
 
@@ -39,11 +40,22 @@ class Module:
         self.spec = spec
         props = torch.cuda.get_device_properties(self.device)
         self.arch = arch_for_capability(props.major, props.minor)  # the GPU present: what the cubins are for
-        # The plan of the GPU present, or of `arch` (e.g. the sm_120 plan tested on an H200).
-        self.plan: Plan = plan(spec, get_arch(arch) if arch else self.arch, tiles=tiles)
+        # The plan of the GPU present, or of `arch` (e.g. the sm_120 plan tested on an H200): the
+        # heuristic tiling (or `tiles`), and the tilings a tuned table picks for some buckets.
+        plan_arch = get_arch(arch) if arch else self.arch
+        self.plan: Plan = plan(spec, plan_arch, tiles=tiles)
+        self.table = None if tiles else find_table(spec, plan_arch.name)
+        self.plans = {tiles_text(self.plan.tiles): self.plan}
+        for choice in (self.table.choices.values() if self.table else ()):
+            self.plans.setdefault(tiles_text(choice.tiles), plan(spec, plan_arch, tiles=choice.tiles))
         self.sm_count = props.multi_processor_count
-        self.built = build(self.plan, [self.arch.name])
-        self.k = {b.variant.name: Kernel(b, self.device) for b in self.built}
+        self._kernels = {}
+        for text, p in self.plans.items():
+            built = build(p, [self.arch.name])
+            self._kernels[text] = {b.variant.name: Kernel(b, self.device) for b in built}
+            if p is self.plan:
+                self.built = built
+        self.k = self._kernels[tiles_text(self.plan.tiles)]
         self._layer_tables: dict[tuple[int, ...], torch.Tensor] = {}
         self.stream = current_stream(self.device)
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=self.device)  # KGEN_VALIDATE reports
@@ -66,9 +78,16 @@ class Module:
         return Step(self, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace)
 
     def workspace_bytes(self, num_tokens: int, batch: int) -> int:
-        """Scratch bytes of a step with `num_tokens` tree tokens in `batch` requests."""
-        grid, _ = work_capacity(self.plan, num_tokens, batch, target_ctas(self))
-        return workspace_layout(self, grid, batch)[2]
+        """Scratch bytes of a step with `num_tokens` tree tokens in `batch` requests (whichever
+        of the module's tilings its bucket runs)."""
+        return max(workspace_layout(self, p, work_capacity(p, num_tokens, batch, target_ctas(self, p))[0], batch)[2]
+                   for p in self.plans.values())
+
+    def plan_for(self, num_tokens: int, batch: int, context_tokens: int) -> tuple[Plan, dict[str, Kernel]]:
+        """The plan (and its kernels) a batch runs: its bucket's tuned tiling, else the heuristic."""
+        tiles = self.table.tiles_for(Bucket.of(num_tokens, batch, context_tokens)) if self.table else None
+        text = tiles_text(tiles or self.plan.tiles)
+        return self.plans[text], self._kernels[text]
 
     # The one-shot ops: a step prepared for one call.
 

@@ -37,17 +37,17 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def workspace_layout(mod, grid: int, batch: int) -> tuple[int, int, int]:
+def workspace_layout(mod, plan, grid: int, batch: int) -> tuple[int, int, int]:
     """Byte offsets of part_lse and req_meta in a workspace (part_o starts it), and its size,
-    for `grid` attention CTAs (one partial state of BM rows each) and `batch` requests."""
-    rows = grid * mod.plan.tiles.bm
+    for `grid` attention CTAs of `plan` (one partial state of BM rows each) and `batch` requests."""
+    rows = grid * plan.tiles.bm
     part_lse = _aligned(rows * mod.spec.model.value_dim * 4)
     req_meta = part_lse + _aligned(rows * 4)
     return part_lse, req_meta, req_meta + _aligned(batch * 16)
 
 
-def target_ctas(mod) -> int:
-    return mod.sm_count * mod.plan.tiles.min_blocks  # one wave of attention CTAs
+def target_ctas(mod, plan) -> int:
+    return mod.sm_count * plan.tiles.min_blocks  # one wave of attention CTAs
 
 
 class Step:
@@ -70,8 +70,11 @@ class Step:
         self.num_tokens = self._check_tree(spec, tree_mask, num_tokens)
 
         self.validate = env_flag("KGEN_VALIDATE")
-        self._target = target_ctas(mod)
-        prefix_grid, tree_grid = work_capacity(mod.plan, self.num_tokens, batch, self._target)
+        # The tiling of this batch's bucket (a tuned table's choice, else the heuristic plan).
+        context = 0 if self._no_prefix else self.kv_indices.numel() * spec.cache.page_size
+        self.plan, self._kernels = mod.plan_for(self.num_tokens, batch, context)
+        self._target = target_ctas(mod, self.plan)
+        prefix_grid, tree_grid = work_capacity(self.plan, self.num_tokens, batch, self._target)
         self._grids = {"verify_attn": prefix_grid, "prefix_attn": prefix_grid, "tree_attn": tree_grid}
         self._empty = self.num_tokens == 0 or batch == 0
         self.workspace = self._check_workspace(workspace, tree_grid if self._no_prefix else prefix_grid)
@@ -84,7 +87,7 @@ class Step:
         self._kv_fp8 = spec.cache.kv_dtype == "float8_e4m3fn"
         self._kv_dtypes = (fp8.E4M3,) if self._kv_fp8 else _BF16
         self._tree_dtypes = (torch.bfloat16, fp8.E4M3) if self._kv_fp8 else _BF16
-        combine = mod.k["lse_combine"]
+        combine = self._kernels["lse_combine"]
         self._combine = (combine, self.num_tokens * m.num_q_heads,
                          combine.layout.pack(part_o=self._part_o, part_lse=self._part_lse, qo_indptr=self.qo_indptr,
                                              req_meta=self._req_meta, batch=batch, o=None, lse=None))
@@ -116,7 +119,7 @@ class Step:
 
     def _check_workspace(self, workspace, grid: int) -> torch.Tensor:
         """The caller's workspace, checked, or a new one; sets the scratch arrays' addresses."""
-        part_lse, req_meta, size = workspace_layout(self._mod, grid, self.batch)
+        part_lse, req_meta, size = workspace_layout(self._mod, self.plan, grid, self.batch)
         if workspace is None:
             workspace = torch.empty(0 if self._empty else size, dtype=torch.uint8, device=self._device)
         else:
@@ -209,7 +212,7 @@ class Step:
                         num_slots=0)
         if with_tree:
             args.update(k_tree=None, tree_mask=self.tree_mask)
-        kernel = mod.k[name]
+        kernel = self._kernels[name]
         launch = self._launches[name] = (kernel, self._grids[name], kernel.layout.pack(**args))
         return launch
 

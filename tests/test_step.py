@@ -23,6 +23,7 @@ from kgen.plan import plan, work_capacity
 from kgen.runtime import Kernel
 from kgen.signature import Param, ParamLayout
 from kgen.step import workspace_layout
+from kgen.tuning import tiles_text
 from kgen.testing import make_verify_inputs
 
 from conftest import spec_named
@@ -59,6 +60,7 @@ def stub_module(spec_name: str = "glm5_sm120", sm_count: int = 132) -> Module:
     mod.device, mod.sm_count = torch.device("cpu"), sm_count
     mod.launches = []
     mod.k = {v.name: RecordingKernel(v, mod.launches) for v in mod.plan.variants}
+    mod.table, mod.plans, mod._kernels = None, {tiles_text(mod.plan.tiles): mod.plan}, {tiles_text(mod.plan.tiles): mod.k}
     mod.stream = lambda: None
     mod.error_flag = torch.zeros(1, dtype=torch.int32)
     mod._zeros = torch.zeros(ZERO_LENS, dtype=torch.int32)
@@ -80,7 +82,7 @@ def expected_launches(mod, x, op: str, out, lse, workspace: int, *, step_has_pre
     tokens, batch = x.q.shape[0], x.qo_indptr.numel() - 1
     target = mod.sm_count * mod.plan.tiles.min_blocks
     prefix_grid, tree_grid = work_capacity(mod.plan, tokens, batch, target)
-    off_lse, off_meta, _ = workspace_layout(mod, prefix_grid if step_has_prefix else tree_grid, batch)
+    off_lse, off_meta, _ = workspace_layout(mod, mod.plan, prefix_grid if step_has_prefix else tree_grid, batch)
     scratch = dict(part_o=workspace, part_lse=workspace + off_lse)
     attn = dict(q=ptr(layer.q), kv_scale=1.0, qo_indptr=ptr(x.qo_indptr), batch=batch, target_ctas=target,
                 min_split_tiles=MIN_SPLIT_TILES, min_splits=int(op != "prefix"),

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from bench.timing import capture
+from kgen.timing import capture
 from kgen import fp8
 from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs, poison_,
                           tolerances)
