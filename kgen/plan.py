@@ -25,6 +25,7 @@ ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix ban
 S_ROW_PAD = 8  # fp32 padding per partial-score row: a half-warp's float2 stores hit 32 banks
 KV_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per KV element
 KV_CTYPES = {"bfloat16": "__nv_bfloat16", "float8_e4m3fn": "unsigned char"}
+P_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}  # bytes per staged probability, by MMA type (spec.cache.mma_type)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def attention_smem_bytes(spec: Spec, t: AttentionTiles) -> int:
     d, elem = spec.model.head_dim, KV_BYTES[spec.cache.kv_dtype]
     kv = t.stages * t.bn * (d * elem + ROW_PAD)
     s_part = DIM_GROUPS * t.bm * (t.bn + S_ROW_PAD) * 4
-    p = t.bm * (t.bn * elem + ROW_PAD)
+    p = t.bm * (t.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD)
     stats = 2 * t.bm * 4  # per-row rescale factor and final 1/l
     barriers = (2 * t.stages + 1) * 8  # full and empty mbarrier per stage, one for Q
     q_stage = t.bm * (d * 2 + ROW_PAD)  # bf16 Q is staged once through the KV buffers
@@ -121,7 +122,7 @@ def choose_attention_tiles(spec: Spec, arch: Arch) -> AttentionTiles:
 
 def _tag(spec: Spec, arch: Arch) -> str:
     m, c = spec.model, spec.cache
-    dtype = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3"}[c.kv_dtype]
+    dtype = {"bf16": "bf16", "f16": "e4m3f16", "e4m3": "e4m3"}[c.mma_type]  # KV type, and MMA type if other
     tree = f"st{spec.tree.nodes}" if spec.tree.is_static else f"t{spec.tree.nodes}"
     return f"h{m.num_q_heads}_d{m.head_dim}_ps{c.page_size}_{dtype}_{tree}_{arch.name.replace('_', '')}"
 
@@ -150,6 +151,7 @@ def _attention_constants(spec: Spec, t: AttentionTiles) -> dict[str, object]:
         "DIM_GROUPS": DIM_GROUPS,
         "STAGES": t.stages,
         "KV_FP8": spec.cache.kv_dtype == "float8_e4m3fn",
+        "MMA_E4M3": spec.cache.mma_type == "e4m3",
         "S_ROW_PAD": S_ROW_PAD,
         "SCALE_LOG2": m.softmax_scale * LOG2E,
     }

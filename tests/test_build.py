@@ -64,16 +64,30 @@ def test_plan_respects_sm120_budget_and_refuses_overrun():
         plan(wide)
 
 
-def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring():
-    bf16, fp8 = (kgen.load_spec(ROOT / "specs" / f"{n}.yaml") for n in ("glm5_sm120", "glm5_fp8_sm120"))
+@pytest.mark.parametrize("name, mma, tag", [("glm5_fp8_sm120", "false", "_e4m3f16_"),
+                                             ("glm5_fp8_mma_e4m3_sm120", "true", "_e4m3_")])
+def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring(name, mma, tag):
+    bf16, fp8 = (kgen.load_spec(ROOT / "specs" / f"{n}.yaml") for n in ("glm5_sm120", name))
     p8 = plan(fp8)
     assert attention_smem_bytes(fp8, p8.tiles) <= SM120_SMEM
     assert p8.tiles.stages == 2 * plan(bf16).tiles.stages == 4  # 592-byte rows instead of 1168
     v = p8.variant("verify_attn")
     src = render(v)
-    assert "32, 32, 2, 4,\n                             4, true, 8>;" in src  # BM, BN, warps, groups, stages, fp8, S row pad
+    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, S row pad
+    assert f"32, 32, 2, 4,\n                             4, true, {mma}, 8>;" in src
     assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
-    assert "_e4m3_" in v.variant_id
+    assert tag in v.variant_id
+
+
+@pytest.mark.parametrize("name, mma", [("glm5_fp8_sm120", "HMMA"), ("glm5_fp8_mma_e4m3_sm120", "QMMA")])
+def test_fp8_loop_runs_the_mma_its_spec_chooses_on_sm120(name, mma, cache):
+    """f16 mode: f16 HMMAs on e4m3 bytes converted in registers (F2FP); e4m3 mode: native QMMAs."""
+    from kgen.build import build_variant
+
+    b = build_variant(plan(kgen.load_spec(ROOT / "specs" / f"{name}.yaml")).variant("prefix_attn"), "sm_120", cache,
+                      inspect=True)
+    assert b.sass.get(mma) == 68 if mma == "HMMA" else b.sass.get(mma) == 36
+    assert not b.sass.get("QMMA" if mma == "HMMA" else "HMMA")
 
 
 def test_rendered_source_injects_plan_values():

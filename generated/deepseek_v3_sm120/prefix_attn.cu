@@ -6,7 +6,7 @@
 #include "kgen/schedule.cuh"
 
 using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4,
-                             2, false, 8>;
+                             2, false, false, 8>;
 static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int PAGE_SIZE = 64;
@@ -31,7 +31,7 @@ struct PagedRows {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__219baab0cbcb(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__1c223c457a25(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

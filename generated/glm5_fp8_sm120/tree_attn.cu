@@ -6,8 +6,8 @@
 #include "kgen/schedule.cuh"
 
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4,
-                             4, true, 8>;
-static_assert(Cfg::SMEM_BYTES == 98120, "plan and kernel disagree on shared memory");
+                             4, true, false, 8>;
+static_assert(Cfg::SMEM_BYTES == 99144, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 using TreeVisible = kgen::TreeVisible<Cfg, MASK_WORDS>;
@@ -17,7 +17,7 @@ __device__ __forceinline__ const unsigned* request_mask(const int* tree_mask, in
     return reinterpret_cast<const unsigned*>(tree_mask) + (long long)qo0 * MASK_WORDS;
 }
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3_t64_sm120__63a7f7e2db15(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3f16_t64_sm120__e30034087c6e(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ k_tree,
     float kv_scale,

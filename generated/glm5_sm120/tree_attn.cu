@@ -6,7 +6,7 @@
 #include "kgen/schedule.cuh"
 
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4,
-                             2, false, 8>;
+                             2, false, false, 8>;
 static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
@@ -17,7 +17,7 @@ __device__ __forceinline__ const unsigned* request_mask(const int* tree_mask, in
     return reinterpret_cast<const unsigned*>(tree_mask) + (long long)qo0 * MASK_WORDS;
 }
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__6b44db242429(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__9f5c62913ed1(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

@@ -6,7 +6,7 @@
 #include "kgen/schedule.cuh"
 
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4,
-                             2, false, 8>;
+                             2, false, false, 8>;
 static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 1;
@@ -19,7 +19,7 @@ __device__ __forceinline__ const unsigned* request_mask(const int* tree_mask, in
     return STATIC_MASK;
 }
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_st5_sm120__799fc185b91d(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_st5_sm120__dedc7838fba4(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

@@ -6,7 +6,7 @@
 #include "kgen/schedule.cuh"
 
 using Cfg = kgen::AttnConfig<16, 576, 512, 32, 32, 2, 4,
-                             2, false, 8>;
+                             2, false, false, 8>;
 static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int PAGE_SIZE = 1;
@@ -31,7 +31,7 @@ struct PagedRows {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h16_d576_ps1_bf16_t1024_sm120__f50dce56f1e2(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h16_d576_ps1_bf16_t1024_sm120__2e1d64c981a2(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,
