@@ -15,11 +15,10 @@ import torch
 from . import checks, fp8
 from .arch import arch_for_capability
 from .build import build
-from .plan import AttentionTiles, Plan, ceil_div, plan, work_capacity
+from .plan import MIN_SPLIT_TILES, AttentionTiles, Plan, ceil_div, plan, work_capacity
 from .runtime import Kernel
 from .spec import Spec
 
-MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay a small overhead
 DEFRAG_STAGING_BYTES = int(os.environ.get("KGEN_DEFRAG_STAGING_BYTES", 1 << 30))
 
 

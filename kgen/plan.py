@@ -256,6 +256,9 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
     return Plan(spec=spec, arch=arch, tiles=tiles, variants=tuple(variants), budget=budget)
 
 
+MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay a small overhead
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -11,8 +11,7 @@ from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
-from kgen.ops import MIN_SPLIT_TILES
-from kgen.plan import AttentionTiles, attention_smem_bytes, plan, work_capacity
+from kgen.plan import MIN_SPLIT_TILES, AttentionTiles, attention_smem_bytes, plan, work_capacity
 from kgen.render import generated_files, render
 from kgen.spec import parse_spec
 
