@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                                "sm120_predictions": predictions}, indent=1) + "\n")
     write_docs(markdown(table, cal, overall, predictions))
     print(f"{overall['pairs']} pairs: max |error| {overall['max_abs_error_pct']}%, rms {overall['rms_error_pct']}%; "
-          f"calibration {asdict(cal)}; wrote {OUT.relative_to(ROOT)}, {DOCS.relative_to(ROOT)}"
+          f"calibration {asdict(cal)}; wrote {OUT}, {DOCS}"
           + (", kgen/model_calibration.json" if a.fit else ""))
     return 0
 
