@@ -18,9 +18,11 @@ plus a cost per barrier, at least its issue cycles:
     compute = max(pipes) + (1 - overlap) * (sum(pipes) - max(pipes)) + barriers * barrier_cycles
 
 A tile also brings its KV rows from DRAM; the row tiles of a request run side by side and share
-them. All running CTAs share dram_efficiency x the arch's copy bandwidth, so a tile takes
+them. All running CTAs share dram_efficiency x the arch's copy bandwidth, and a stage of the ring
+is refilled only once its tile is consumed, so a tile takes
 
-    tile = max(compute, KV bytes the running CTAs read per tile / (dram_efficiency * bandwidth))
+    tile = max(compute, (latency_us + compute) / STAGES,
+               KV bytes the running CTAs read per tile / (dram_efficiency * bandwidth))
 
 Work items run on sm_count x CTAs-per-SM slots in index order (waves); each first pays
 startup_us (schedule, Q, the first tile's latency), then its tiles. A fluid simulation advances
@@ -65,6 +67,7 @@ class Calibration:
     overlap: float  # 0: the pipes of a tile work one after another, 1: fully side by side
     barrier_cycles: float  # per barrier a warp waits on per tile (drains the phase before it)
     dram_efficiency: float  # of the copy bandwidth, for bulk copies of scattered KV rows
+    latency_us: float  # from a stage's refill to its bytes landing: STAGES tiles per (latency + compute)
     startup_us: float  # per work item before its first tile computes
     combine_us: float  # the combine kernel's launch and its own startup
     state_us: float  # per partial state a combine CTA reads in its chain (4 loads in flight)
@@ -224,7 +227,7 @@ def simulate(items: list[Item], slots: int, compute_us: float, dram_bytes_per_us
     """(makespan, time the tiles were DRAM-bound) of the items on `slots` CTA slots, in order.
     Running CTAs in their tile phase advance one tile per max(compute_us, their DRAM bytes per
     tile / dram_bytes_per_us): a shared progress clock (tiles done by any of them) keeps it
-    O(items log items)."""
+    O(items log items). compute_us includes the ring's latency bound."""
     now = progress = dram_bound = 0.0
     starting: list[tuple[float, int]] = []  # (time its startup ends, item)
     running: list[tuple[float, int]] = []  # (progress at which its tiles are done, item)
@@ -282,7 +285,7 @@ class Prediction:
     arch: str
     tiles: AttentionTiles
     us: float
-    binding: str  # tensor / smem / convert / issue (the tile loop's compute), dram, or per-call
+    binding: str  # tensor/smem/convert/issue (the loop's compute), latency (the ring), dram, per-call
     floor: Floor
     tile_us: float  # one tile's compute
     pipes: dict[str, float]  # cycles per tile of each pipe
@@ -326,6 +329,9 @@ class Call:
         arch, spec, shape = self.arch, self.spec, self.shape
         cycles, pipe = compute_cycles(self.work, arch, cal)
         compute_us = cycles / (arch.clock_ghz * 1e3)
+        ring_us = (cal.latency_us + compute_us) / self.plan.tiles.stages
+        if ring_us > compute_us:
+            compute_us, pipe = ring_us, "latency"
         bandwidth = cal.dram_efficiency * arch.dram_gbps * 1e3  # bytes per us
         makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, cal.startup_us)
         # the combine: one CTA per output row reads the row's states, a latency chain per wave of

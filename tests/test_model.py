@@ -20,8 +20,8 @@ from kgen.spec import load_spec
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_DIR = ROOT / "specs"
 MAIN = Shape(8, 16, 131072, 1)  # B=1, T=16, L=131072, H=8
-CAL = Calibration(overlap=0.0, barrier_cycles=0.0, dram_efficiency=0.75, startup_us=8.0, combine_us=6.0,
-                  state_us=0.13, quantize_us=10.0)
+CAL = Calibration(overlap=0.0, barrier_cycles=0.0, dram_efficiency=0.75, latency_us=0.0, startup_us=8.0,
+                  combine_us=6.0, state_us=0.13, quantize_us=10.0)
 
 
 def spec(name: str):
