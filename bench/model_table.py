@@ -156,7 +156,7 @@ def _md(header: list[str], rows: list[list]) -> list[str]:
 
 
 def markdown(table: list[dict], cal, overall: dict, predictions: dict[str, list[dict]]) -> str:
-    lines = [f"Calibration (kgen/model_calibration.json): "
+    lines = ["Calibration (kgen/model_calibration.json): "
              + ", ".join(f"{k} = {v:g}" for k, v in asdict(cal).items()) + ".", "",
              f"**{overall['pairs']} (plan, shape) pairs measured on the H200: the model is within "
              f"{overall['max_abs_error_pct']:.1f}% of every one (rms {overall['rms_error_pct']:.1f}%).**", ""]
