@@ -4,6 +4,9 @@
 - mma.sync rate: bench/mma_peak.cu (independent bf16 -> fp32 m16n8k16 MMAs on register
   operands, all SMs busy), compiled through kgen's NVRTC path and launched with the driver API.
   Not cuBLAS: on Hopper that would use wgmma, which sm_120 lacks.
+
+bench/model_validate.py also measures the fp8 conversion rate (bench/cvt_peak.cu), a rate of the
+performance model (kgen/model.py).
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ from kgen.timing import events_ms
 MMA_SOURCE = Path(__file__).with_name("mma_peak.cu")
 MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16 MMA
 MMA_NACC = 8  # independent accumulators per warp (NACC in mma_peak.cu)
-MMA_THREADS = 256
-MMA_BLOCKS_PER_SM = 4  # 32 warps per SM
+CVT_SOURCE = Path(__file__).with_name("cvt_peak.cu")
+CVT_CHAINS = 8  # independent conversions per thread and iteration (CHAINS in cvt_peak.cu)
+PEAK_THREADS = 256
+PEAK_BLOCKS_PER_SM = 4  # 32 warps per SM
 
 
 @dataclass
@@ -54,44 +59,61 @@ def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, reps: int = 10) 
     return 2 * nbytes / (statistics.median(ms) * 1e-3) / 1e12, nbytes, ms
 
 
-class _MmaKernel:
-    def __init__(self, device: torch.device):
+class _PeakKernel:
+    """A microbenchmark `name(float* out, int iters)` from `source`: PEAK_THREADS threads x
+    PEAK_BLOCKS_PER_SM CTAs per SM, each thread running `iters` iterations."""
+
+    def __init__(self, device: torch.device, source: Path, name: str):
         from cuda.bindings import driver
 
         from kgen.nvrtc import compile_cubin
         from kgen.runtime import check, ensure_context
 
         major, minor = torch.cuda.get_device_capability(device)
-        self.arch = f"sm_{major}{minor}"
-        compiled = compile_cubin(MMA_SOURCE.read_text(), {}, self.arch, "mma_peak", MMA_SOURCE.name)
+        self.arch, self.name = f"sm_{major}{minor}", name
+        compiled = compile_cubin(source.read_text(), {}, self.arch, name, source.name)
         ensure_context(device)
         self._driver, self._check, self.device = driver, check, device
-        self._module = check(driver.cuModuleLoadData(compiled.cubin), "loading mma_peak")
-        self._func = check(driver.cuModuleGetFunction(self._module, b"mma_peak"), "finding mma_peak")
+        self._module = check(driver.cuModuleLoadData(compiled.cubin), f"loading {name}")
+        self._func = check(driver.cuModuleGetFunction(self._module, name.encode()), f"finding {name}")
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        self.grid = sms * MMA_BLOCKS_PER_SM
-        self.out = torch.empty(self.grid * MMA_THREADS, dtype=torch.float32, device=device)
+        self.grid = sms * PEAK_BLOCKS_PER_SM
+        self.out = torch.empty(self.grid * PEAK_THREADS, dtype=torch.float32, device=device)
 
-    def flops(self, iters: int) -> int:
-        return self.grid * (MMA_THREADS // 32) * iters * MMA_NACC * MMA_FLOPS
+    def warp_iterations(self, iters: int) -> int:
+        return self.grid * (PEAK_THREADS // 32) * iters
 
     def __call__(self, iters: int) -> None:
         d = self._driver
         stream = d.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         args = ((self.out.data_ptr(), iters), (ctypes.c_void_p, ctypes.c_int32))
-        self._check(d.cuLaunchKernel(self._func, self.grid, 1, 1, MMA_THREADS, 1, 1, 0, stream, args, 0),
-                    "launching mma_peak")
+        self._check(d.cuLaunchKernel(self._func, self.grid, 1, 1, PEAK_THREADS, 1, 1, 0, stream, args, 0),
+                    f"launching {self.name}")
+
+    def timed(self, target_ms: float, reps: int) -> tuple[int, list[float]]:
+        """(iterations, milliseconds of `reps` launches of about target_ms each)."""
+        iters = 1024
+        ms = statistics.median(events_ms(lambda: self(iters), 3))
+        iters = max(1024, int(iters * target_ms / max(ms, 1e-3)))
+        return iters, events_ms(lambda: self(iters), reps)
 
 
 def mma_rate(device: torch.device, target_ms: float = 5.0, reps: int = 10):
     """Median mma.sync bf16 -> fp32 rate in TFLOP/s, with launches of about target_ms each."""
-    kernel = _MmaKernel(device)
-    iters = 1024
-    ms = statistics.median(events_ms(lambda: kernel(iters), 3))
-    iters = max(1024, int(iters * target_ms / max(ms, 1e-3)))
-    ms = events_ms(lambda: kernel(iters), reps)
-    flops = kernel.flops(iters)
+    kernel = _PeakKernel(device, MMA_SOURCE, "mma_peak")
+    iters, ms = kernel.timed(target_ms, reps)
+    flops = kernel.warp_iterations(iters) * MMA_NACC * MMA_FLOPS
     return flops / (statistics.median(ms) * 1e-3) / 1e12, flops, ms, kernel.grid, kernel.arch
+
+
+def cvt_rate(device: torch.device, target_ms: float = 5.0, reps: int = 10) -> float:
+    """Median e4m3x2 -> f16x2 conversion rate (cvt.rn.f16x2.e4m3x2, F2FP in SASS), in lanes per
+    second per SM (divide by the SM clock for lanes per cycle)."""
+    kernel = _PeakKernel(device, CVT_SOURCE, "cvt_peak")
+    iters, ms = kernel.timed(target_ms, reps)
+    lanes = kernel.warp_iterations(iters) * 32 * CVT_CHAINS
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return lanes / (statistics.median(ms) * 1e-3) / sms
 
 
 def measure(device: torch.device) -> Ceilings:

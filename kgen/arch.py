@@ -28,7 +28,12 @@ class Arch:
     max_warps_per_sm: int
     max_blocks_per_sm: int
     dram_gbps: float  # bytes/s / 1e9, for the performance model
-    mma_bf16_tflops: float  # dense mma.sync bf16 -> fp32
+    mma_bf16_tflops: float  # dense mma.sync bf16 -> fp32 (f16 runs at the same rate)
+    # Per-SM rates of the resource model (kgen/model.py); the others above are per GPU.
+    clock_ghz: float  # SM clock the per-cycle rates assume
+    mma_fp8_tflops: float  # dense mma.sync e4m3 -> fp32; 0: none (ptxas emulates it with f16 HMMAs)
+    fp8_cvt_per_clk: float  # e4m3x2 -> f16x2 conversions (F2FP.F16.E4M3.UNPACK_B) per SM per cycle
+    smem_bytes_per_clk: int = 128  # shared-memory bandwidth per SM
     mma_sync_bf16: bool = True
     mma_sync_fp8: bool = False
     bulk_copy: bool = True  # cp.async.bulk and mbarrier transaction counts (sm_90+)
@@ -58,6 +63,9 @@ ARCHS: dict[str, Arch] = {
             max_blocks_per_sm=32,
             dram_gbps=1792.0,
             mma_bf16_tflops=504.0,
+            clock_ghz=2.617,  # boost clock: 504 TFLOP/s = 188 SMs x 1024 FLOP/cycle at 2.617 GHz (an assumption)
+            mma_fp8_tflops=1008.0,  # 2x bf16 (DESIGN §2)
+            fp8_cvt_per_clk=64.0,  # assumed: 16 per sub-partition, as other conversions to 16-bit types
             mma_sync_fp8=True,
         ),
         Arch(
@@ -74,6 +82,9 @@ ARCHS: dict[str, Arch] = {
             max_blocks_per_sm=32,
             dram_gbps=4180.0,  # measured copy bandwidth on the H200 (DESIGN §2)
             mma_bf16_tflops=630.0,  # measured mma.sync rate on the H200 (DESIGN §2)
+            clock_ghz=1.755,  # measured by ncu under verify_attn (bench/NOTES.md)
+            mma_fp8_tflops=0.0,  # no e4m3 mma.sync: 2 f16 HMMAs + operand unpacks each (bench/NOTES.md v6)
+            fp8_cvt_per_clk=64.0,  # assumed (the fit of bench/model_table.py); bench.model_validate measures it
             mma_sync_fp8=True,
             wgmma=True,
         ),

@@ -18,7 +18,7 @@ from .arch import get_arch
 from .build import build, build_variant
 from .cache import KernelCache
 from .errors import KgenError
-from .model import NO_MEASUREMENT, model
+from .model import grid, predict, validation
 from .plan import plan
 from .render import write_generated
 from .spec import load_spec
@@ -82,7 +82,6 @@ def build_cmd(
 @app.command("show")
 def show_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
-    results: Path = typer.Option(Path("bench/results"), "--results", help="bench results the model takes H200 efficiencies from"),
 ) -> None:
     """Print the plan (tiles, threads, stages, shared-memory budget against the arch limit), each
     kernel's ptxas report, occupancy and SASS counts (built or cached), and the modeled sm_120
@@ -91,7 +90,7 @@ def show_cmd(
         spec = load_spec(spec_path)
         p = plan(spec)
         built = build(p, [p.arch.name], KernelCache(), inspect=True)
-        modeled, files = model(spec, "sm_120", results)
+        modeled = [predict(spec, shape, "sm_120") for shape in grid(spec)]
     except KgenError as e:
         _fail(e)
     t, a = p.tiles, p.arch
@@ -114,24 +113,22 @@ def show_cmd(
                       str(b.report.registers), str(b.report.spill_bytes), str(occ.ctas_per_sm), occ.limit,
                       sass.summary(b.sass))
     console.print(table)
-    _print_model(modeled, files, results)
+    _print_model(modeled)
 
 
-def _print_model(modeled: list, files: List[Path], results: Path) -> None:
+def _print_model(modeled: list) -> None:
     a = get_arch("sm_120")
-    measured = sum(m.source != NO_MEASUREMENT for m in modeled)
-    console.print(f"[bold]MODEL, not a measurement[/bold]: {a.name} time = floor / efficiency; floor = max(bytes / "
-                  f"{a.dram_gbps:.0f} GB/s, FLOPs / {a.mma_bf16_tflops:.0f} TFLOP/s), FLOPs = 2·ΣT·H·(L+T)·(D+Dv); "
-                  f"efficiency = % of floor the same plan reached on the H200: "
-                  + (f"{measured} of {len(modeled)} shapes measured in {', '.join(str(f) for f in files)}" if files
-                     else f"no bench result in {results}, so 100% (floor)"), highlight=False)
+    console.print(f"[bold]MODEL, not a measurement[/bold]: {a.name} time from the SASS of the tile loop and the "
+                  f"arch's rates ({a.sm_count} SMs at {a.clock_ghz} GHz, {a.dram_gbps:.0f} GB/s), per-call terms "
+                  f"fitted on the H200 (kgen/model.py); {validation()}. Floor = max(bytes / {a.dram_gbps:.0f} GB/s, "
+                  f"FLOPs / the MMA rate), FLOPs = 2·ΣT·H·(L+T)·(D+Dv).", highlight=False)
     table = Table(title=f"modeled {a.name} time (model)")
-    for col in ("H", "T", "L", "B", "page", "MB read", "GFLOP", "floor us", "bound", "eff %", "model us", "efficiency from"):
-        table.add_column(col, justify="left" if col in ("bound", "efficiency from") else "right")
+    for col in ("H", "T", "L", "B", "page", "MB read", "GFLOP", "floor us", "model us", "% of floor", "binding"):
+        table.add_column(col, justify="left" if col == "binding" else "right")
     for m in modeled:
         s, f = m.shape, m.floor
         table.add_row(str(s.H), str(s.T), str(s.L), str(s.B), str(s.page_size), f"{f.bytes / 1e6:.1f}",
-                      f"{f.flops / 1e9:.1f}", f"{f.us:.1f}", f.bound, f"{100 * m.efficiency:.1f}", f"{m.us:.1f}", m.source)
+                      f"{f.flops / 1e9:.1f}", f"{f.us:.1f}", f"{m.us:.1f}", f"{m.pct_floor:.1f}", m.binding)
     console.print(table)
 
 

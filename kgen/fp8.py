@@ -27,3 +27,12 @@ def quantize(x: torch.Tensor, kv_scale: float) -> torch.Tensor:
 
 def dequantize(x: torch.Tensor, kv_scale: float) -> torch.Tensor:
     return x.to(torch.float64) * kv_scale
+
+
+def e4m3_rows(q: torch.Tensor) -> torch.Tensor:
+    """q [..., D] as e4m3 MMAs see it (cache.mma e4m3, templates/attention.cuh): each row times
+    448 / max|q| in float32, rounded to e4m3 (so nothing saturates), scaled back; float32."""
+    x = q.float()
+    amax = x.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (x * (1 / scale)).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * scale

@@ -1,57 +1,273 @@
-"""A labelled performance model: the time a spec's kernels would take on an arch we cannot run.
+"""The resource model: how long a spec's attention call takes on an arch, counted from what the
+kernel does per KV tile and the arch's per-SM rates — so that it carries over to a GPU we cannot
+run (sm_120) from the one we measure on (the H200). It is a model, never a measurement; its
+error against H200 measurements is docs/performance_model.md (python -m bench.model_table).
 
-For one benchmark shape (DESIGN §9) the floor on the arch is
+A call (verify_attention; prefix_attention for decode) is one attention CTA per split-KV work
+item (templates/schedule.cuh) and the combine kernel. Per KV tile, one CTA costs on its SM
 
-    floor = max(bytes / DRAM bandwidth, FLOPs / mma.sync bf16 rate)
-    FLOPs = 2 · ΣT · H · (L + T) · (D + Dv)
-    bytes = B · L · D · kv_bytes  (the prefix, read once)  +  q, k_tree, o and lse bytes
+    tensor  = MMA FLOPs / the arch's FLOPs per cycle per SM for the MMA's input type
+    smem    = 128-byte shared-memory wavefronts (ldmatrix, lds, sts) + bulk-copy bytes / 128
+    convert = fp8 -> f16 conversion lanes / the arch's conversion rate
+    issue   = instructions per sub-partition (one per cycle)
 
-and the modeled time is floor / efficiency, where the efficiency is the % of floor the same plan
-reached on the H200 for that shape (a bench result), or 100% when there is none. It is a model,
-never a measurement, and every row carries its inputs.
+counted from the SASS of the kernel's tile loop (kgen.sass.tile_loop) and the plan. The compute
+time of a tile is its largest pipe plus the part of the others the loop does not overlap with it,
+plus a cost per barrier, at least its issue cycles:
 
-Bench results (written by `kgen bench`): bench/results/<spec>.json or <spec>-<time>[-suffix].json,
-whose names sort by time. Each is a JSON object with a "rows" list (or a bare list of rows); a row
-    {"spec": str, "H": int, "T": int, "L": int, "B": int, "page_size": int,
-     "us": float | null, "pct_floor": float | null, "mode": "verify" | "decode" (optional)}
-has `us` the time measured on the H200 and `pct_floor` = 100 · (H200 floor) / us. Only rows whose
-"spec" is this spec's name (the same plan) count; other keys are ignored, rows without a time are
-skipped, and for a shape measured in several files the newest file wins.
+    compute = max(pipes) + (1 - overlap) * (sum(pipes) - max(pipes)) + barriers * barrier_cycles
+
+A tile also brings its KV rows from DRAM; the row tiles of a request run side by side and share
+them. All running CTAs share dram_efficiency x the arch's copy bandwidth, and a stage of the ring
+is refilled only once its tile is consumed, so a tile takes
+
+    tile = max(compute, (latency_us + compute) / STAGES,
+               KV bytes the running CTAs read per tile / (dram_efficiency * bandwidth))
+
+Work items run on sm_count x CTAs-per-SM slots in index order (waves); each first pays
+startup_us (schedule, Q, the first tile's latency), then its tiles. A fluid simulation advances
+all running CTAs together. Call time = that makespan + combine_us + the partial states read once.
+
+overlap, barrier_cycles, dram_efficiency, startup_us and combine_us are fitted to H200
+measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they describe the loop design and the
+memory system's efficiency, the rates describe the arch.
+
+A kernel design is one DESIGNS entry: a function (plan, arch) -> TileWork. The current one
+(templates/attention.cuh) reads the SASS of its loop. A design whose MMAs read shared memory
+themselves (wgmma) must add those bytes to smem_wavefronts: its SASS shows no ldmatrix for them.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
-from dataclasses import dataclass
+import math
+from collections import Counter
+from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
+from . import sass
 from .arch import Arch, get_arch
+from .build import build_variant
+from .cache import KernelCache
 from .errors import KgenError
-from .plan import KV_BYTES
+from .plan import DIM_GROUPS, KV_BYTES, MIN_SPLIT_TILES, AttentionTiles, Plan, Variant, ceil_div, plan
 from .spec import Spec
 
 GRID_T = (16, 64, 256)
 GRID_L = (4096, 32768, 131072)
 GRID_B = (1, 8, 32)
-ROW_KEYS = {"spec": str, "H": int, "T": int, "L": int, "B": int, "page_size": int}
-NO_MEASUREMENT = "no measurement, efficiency 100% (floor)"
+PIPES = ("tensor", "smem", "convert")
 
 
-class BenchResultError(KgenError, ValueError):
-    """A bench result file does not follow the schema above."""
+@dataclass(frozen=True)
+class Calibration:
+    """Constants of the loop design and the memory system, fitted on the H200 (bench.model_table)."""
+
+    overlap: float  # 0: the pipes of a tile work one after another, 1: fully side by side
+    barrier_cycles: float  # per barrier a warp waits on per tile (drains the phase before it)
+    dram_efficiency: float  # of the copy bandwidth, for bulk copies of scattered KV rows
+    latency_us: float  # from a stage's refill to its bytes landing: STAGES tiles per (latency + compute)
+    startup_us: float  # per work item before its first tile computes
+    combine_us: float  # the combine kernel's launch and its own startup
+    state_us: float  # per partial state a combine CTA reads in its chain (4 loads in flight)
+    quantize_us: float  # an fp8 verify call's quantization of the bf16 tree keys (torch kernels)
+
+
+CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")  # written by python -m bench.model_table
+
+
+@lru_cache(maxsize=1)
+def calibration() -> Calibration:
+    return Calibration(**json.loads(CALIBRATION_FILE.read_text())["calibration"])
+
+
+def validation() -> str:
+    """How far the calibrated model was from the H200 measurements it was checked against."""
+    v = json.loads(CALIBRATION_FILE.read_text())["validation"]
+    return (f"within {v['max_abs_error_pct']:.0f}% of {v['pairs']} H200 measurements "
+            f"(rms {v['rms_error_pct']:.0f}%; docs/performance_model.md)")
 
 
 @dataclass(frozen=True)
 class Shape:
     H: int
-    T: int  # tree tokens per request
+    T: int  # tree tokens per request; 1 = decode (prefix_attention alone)
     L: int  # prefix tokens per request
     B: int
-    page_size: int
+    page_size: int = 1
+
+    @property
+    def decode(self) -> bool:
+        return self.T == 1
+
+
+@dataclass(frozen=True)
+class TileWork:
+    """What one CTA does per KV tile."""
+
+    mma_flops: dict[str, float]  # by MMA input type: bf16, f16, e4m3
+    smem_wavefronts: float  # 128-byte shared-memory wavefronts, bulk-copy writes included
+    convert_lanes: float  # fp8 -> f16 conversion lanes
+    issue: float  # instructions of the busiest SM sub-partition
+    barriers: int  # barriers a warp waits on
+    kv_bytes: int  # KV bytes staged
+    keys: int  # keys per tile (BN)
+
+
+# ---- the current design: mma.sync row blocks fed by a producer warp (templates/attention.cuh) ----
+
+def _mma(op: str) -> tuple[str, int] | None:
+    """(input type, FLOPs) of an MMA opcode: HMMA.16816.F32.BF16 -> ("bf16", 4096)."""
+    base, *mods = op.split(".")
+    if not base.endswith("MMA"):
+        return None
+    shape = mods[0]  # m n k, e.g. 16816, 16832
+    flops = 2 * int(shape[:2]) * int(shape[2]) * int(shape[3:])
+    kind = "e4m3" if "E4M3" in mods else "bf16" if "BF16" in mods else "f16"
+    return kind, flops
+
+
+def _wavefronts(op: str) -> int:
+    """128-byte shared-memory wavefronts of one warp's instruction (no bank conflicts)."""
+    base, *mods = op.split(".")
+    if base == "LDSM":
+        return int(mods[-1]) if mods[-1] in ("2", "4") else 1  # .x1/.x2/.x4 matrices of 128 bytes
+    if base in ("LDS", "STS"):
+        return {"128": 4, "64": 2}.get(mods[-1] if mods else "", 1)
+    return 0
+
+
+def tile_work_from_loop(loop: Counter, warps: int, keys: int, kv_bytes: int) -> TileWork:
+    """TileWork of a loop body (one tile per iteration) that `warps` compute warps run."""
+    flops: dict[str, float] = {}
+    for op, n in loop.items():
+        if m := _mma(op):
+            flops[m[0]] = flops.get(m[0], 0) + warps * n * m[1]
+    wavefronts = warps * sum(n * _wavefronts(op) for op, n in loop.items()) + kv_bytes / 128
+    converts = warps * 32 * sum(n for op, n in loop.items() if op.startswith("F2FP") and "UNPACK" in op)
+    barriers = sum(n for op, n in loop.items() if op.startswith("BAR.SYNC"))
+    return TileWork(mma_flops=flops, smem_wavefronts=wavefronts, convert_lanes=converts,
+                    issue=warps / 4 * sum(loop.values()), barriers=barriers, kv_bytes=kv_bytes, keys=keys)
+
+
+_LOOPS: dict[tuple[str, str], Counter] = {}  # (variant id, arch) -> its tile loop
+
+
+def _loop(variant: Variant, arch: str) -> Counter:
+    key = (variant.variant_id, arch)
+    if key not in _LOOPS:
+        built = build_variant(variant, arch, KernelCache())
+        _LOOPS[key] = sass.tile_loop(sass.disassemble(built.cubin, "--no-dataflow"))
+    return _LOOPS[key]
+
+
+def mma_sync_rowblocks(p: Plan, arch: Arch) -> TileWork:
+    """The prefix loop of prefix_attn (verify_attn runs the same loop) compiled for `arch`."""
+    t = p.tiles
+    kv_bytes = t.bn * p.spec.model.head_dim * KV_BYTES[p.spec.cache.kv_dtype]
+    return tile_work_from_loop(_loop(p.variant("prefix_attn"), arch.name), t.warps_m * DIM_GROUPS, t.bn, kv_bytes)
+
+
+DESIGNS = {"mma_sync_rowblocks": mma_sync_rowblocks}
+
+
+MODELED_DESIGNS = {"mma_sync": "mma_sync_rowblocks"}  # plan design -> DESIGNS entry (wgmma: not modeled yet)
+
+
+def design_of(p: Plan) -> str:
+    try:
+        return MODELED_DESIGNS[p.tiles.design]
+    except KeyError:
+        raise KgenError(f"the performance model has no entry for the {p.tiles.design} loop "
+                        f"(modeled: {', '.join(MODELED_DESIGNS)})") from None
+
+
+# ---- a call ----
+
+def pipe_cycles(work: TileWork, arch: Arch) -> dict[str, float]:
+    """Cycles per tile of each pipe on one SM of `arch`."""
+    per_sm_clk = arch.sm_count * arch.clock_ghz * 1e9
+    rates = {"bf16": arch.mma_bf16_tflops, "f16": arch.mma_bf16_tflops, "e4m3": arch.mma_fp8_tflops}
+    tensor = sum(f / (rates[k] * 1e12 / per_sm_clk) for k, f in work.mma_flops.items())
+    return {"tensor": tensor, "smem": work.smem_wavefronts * 128 / arch.smem_bytes_per_clk,
+            "convert": work.convert_lanes / arch.fp8_cvt_per_clk, "issue": work.issue}
+
+
+def compute_cycles(work: TileWork, arch: Arch, cal: Calibration) -> tuple[float, str]:
+    """(cycles, the pipe that binds) of one tile's compute on one SM."""
+    c = pipe_cycles(work, arch)
+    pipes = [c[p] for p in PIPES]
+    top = max(pipes)
+    cycles = top + (1 - cal.overlap) * (sum(pipes) - top) + work.barriers * cal.barrier_cycles
+    if c["issue"] > cycles:
+        return c["issue"], "issue"
+    return cycles, max(PIPES, key=c.get)
+
+
+@dataclass(frozen=True)
+class Item:
+    tiles: int  # KV tiles: prefix, then (verify, last split) the tree's
+    dram_bytes: float  # bytes from DRAM per tile, averaged over the item's tiles
+
+
+def work_items(p: Plan, shape: Shape, target_ctas: int) -> tuple[list[Item], int]:
+    """The schedule of templates/schedule.cuh for B identical requests: the work items in CTA
+    order, and the splits (partial states) of each row."""
+    bm, bn = p.tiles.bm, p.tiles.bn
+    row_tiles, kv_tiles = ceil_div(shape.T * shape.H, bm), ceil_div(shape.L, bn)
+    chunk = max(MIN_SPLIT_TILES, ceil_div(shape.B * row_tiles * kv_tiles, target_ctas))
+    splits = max(0 if shape.decode else 1, ceil_div(kv_tiles, chunk))
+    tile_bytes = bn * p.spec.model.head_dim * KV_BYTES[p.spec.cache.kv_dtype]
+    request = []
+    for s in range(splits):
+        prefix = min(kv_tiles, (s + 1) * chunk) - s * chunk
+        tree = ceil_div(shape.T, bn) if not shape.decode and s == splits - 1 else 0
+        tiles = max(1, prefix + tree)  # an empty split still runs its startup and writes a state
+        # the request's row tiles run side by side (row tile fastest) and read the chunk once
+        request += [Item(tiles, prefix * tile_bytes / row_tiles / tiles)] * row_tiles
+    return request * shape.B, splits
+
+
+def simulate(items: list[Item], slots: int, compute_us: float, dram_bytes_per_us: float,
+             startup_us: float) -> tuple[float, float]:
+    """(makespan, time the tiles were DRAM-bound) of the items on `slots` CTA slots, in order.
+    Running CTAs in their tile phase advance one tile per max(compute_us, their DRAM bytes per
+    tile / dram_bytes_per_us): a shared progress clock (tiles done by any of them) keeps it
+    O(items log items). compute_us includes the ring's latency bound."""
+    now = progress = dram_bound = 0.0
+    starting: list[tuple[float, int]] = []  # (time its startup ends, item)
+    running: list[tuple[float, int]] = []  # (progress at which its tiles are done, item)
+    demand = 0.0  # DRAM bytes per tile of the running CTAs
+    queue = iter(range(len(items)))
+    for _ in range(min(slots, len(items))):
+        heapq.heappush(starting, (startup_us, next(queue)))
+    while starting or running:
+        tile_us = max(compute_us, demand / dram_bytes_per_us)
+        to_start = starting[0][0] - now if starting else math.inf
+        to_done = (running[0][0] - progress) * tile_us if running else math.inf
+        dt = min(to_start, to_done)
+        now += dt
+        progress += dt / tile_us
+        if running and tile_us > compute_us:
+            dram_bound += dt
+        if to_start <= to_done:
+            _, i = heapq.heappop(starting)
+            heapq.heappush(running, (progress + items[i].tiles, i))
+            demand += items[i].dram_bytes
+            continue
+        _, i = heapq.heappop(running)
+        demand -= items[i].dram_bytes
+        if (j := next(queue, None)) is not None:
+            heapq.heappush(starting, (now + startup_us, j))
+    return now, dram_bound
 
 
 @dataclass(frozen=True)
 class Floor:
+    """DESIGN §9: max(bytes / DRAM bandwidth, FLOPs / MMA rate) on the arch."""
+
     bytes: int
     flops: int
     dram_us: float
@@ -61,98 +277,125 @@ class Floor:
     def us(self) -> float:
         return max(self.dram_us, self.mma_us)
 
-    @property
-    def bound(self) -> str:
-        return "dram" if self.dram_us >= self.mma_us else "mma"
-
-
-@dataclass(frozen=True)
-class Modeled:
-    shape: Shape
-    arch: str
-    floor: Floor
-    efficiency: float  # fraction of floor reached (1.0 without a measurement)
-    source: str  # where the efficiency comes from, or NO_MEASUREMENT
-    measured_us: float | None  # the H200 time the efficiency comes from
-
-    @property
-    def us(self) -> float:
-        return self.floor.us / self.efficiency
-
-    def row(self) -> dict:
-        return {**vars(self.shape), "arch": self.arch, "kind": "model", "modeled_us": round(self.us, 3),
-                "floor_us": round(self.floor.us, 3), "bound": self.floor.bound, "bytes": self.floor.bytes,
-                "flops": self.floor.flops, "efficiency_pct": round(100 * self.efficiency, 1),
-                "efficiency_source": self.source, "h200_us": self.measured_us}
-
-
-def grid(spec: Spec) -> list[Shape]:
-    """The §9 grid at the spec's own H and page size; T only up to what the spec's tree allows
-    (a static tree always has its own node count)."""
-    nodes = spec.tree.nodes
-    ts = [nodes] if spec.tree.is_static else [t for t in GRID_T if t <= nodes] or [nodes]
-    return [Shape(spec.model.num_q_heads, t, l, b, spec.cache.page_size)
-            for t in ts for l in GRID_L for b in GRID_B]
-
 
 def floor(spec: Spec, shape: Shape, arch: Arch) -> Floor:
     m = spec.model
-    d, dv, tokens = m.head_dim, m.value_dim, shape.B * shape.T
-    kv = KV_BYTES[spec.cache.kv_dtype]
-    nbytes = (shape.B * shape.L * d * kv  # prefix rows, read once
-              + tokens * d * kv  # k_tree
-              + tokens * shape.H * (d * 2 + dv * 2 + 4))  # q in, o and lse out
-    flops = 2 * tokens * shape.H * (shape.L + shape.T) * (d + dv)
-    return Floor(bytes=nbytes, flops=flops, dram_us=nbytes / (arch.dram_gbps * 1e9) * 1e6,
-                 mma_us=flops / (arch.mma_bf16_tflops * 1e12) * 1e6)
+    keys = shape.L if shape.decode else shape.L + shape.T
+    nbytes = shape.B * keys * m.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    flops = 2 * shape.B * shape.T * shape.H * keys * (m.head_dim + m.value_dim)
+    rate = arch.mma_fp8_tflops if spec.cache.mma_type == "e4m3" and arch.mma_fp8_tflops else arch.mma_bf16_tflops
+    return Floor(nbytes, flops, nbytes / (arch.dram_gbps * 1e9) * 1e6, flops / (rate * 1e12) * 1e6)
 
 
-def results_files(spec_name: str, results_dir: Path) -> list[Path]:
-    """A spec's bench results, oldest first: <spec>.json, then <spec>-<time>*.json by name."""
-    if not results_dir.is_dir():
-        return []
-    files = [p for p in results_dir.glob(f"{spec_name}*.json")
-             if p.stem == spec_name or p.stem.startswith(spec_name + "-")]
-    return sorted(files, key=lambda p: p.stem)
+@dataclass(frozen=True)
+class Prediction:
+    shape: Shape
+    arch: str
+    tiles: AttentionTiles
+    us: float
+    binding: str  # tensor/smem/convert/issue (the loop's compute), latency (the ring), dram, per-call
+    floor: Floor
+    tile_us: float  # one tile's compute
+    pipes: dict[str, float]  # cycles per tile of each pipe
+    items: int  # work items (attention CTAs with work)
+
+    @property
+    def pct_floor(self) -> float:
+        return 100 * self.floor.us / self.us
+
+    def utilization(self) -> dict[str, float]:
+        """% of each pipe's peak over a tile (what ncu reports for the tile loop)."""
+        cycles = self.tile_us * get_arch(self.arch).clock_ghz * 1e3
+        return {k: round(100 * v / cycles, 1) for k, v in self.pipes.items()}
+
+    def row(self) -> dict:
+        return {**asdict(self.shape), "arch": self.arch, "kind": "model", "tiles": asdict(self.tiles),
+                "us": round(self.us, 2), "binding": self.binding, "floor_us": round(self.floor.us, 2),
+                "pct_floor": round(self.pct_floor, 1), "tile_us": round(self.tile_us, 4), "items": self.items,
+                "pipes": {k: round(v, 1) for k, v in self.pipes.items()}}
 
 
-def load_results(path: Path, spec_name: str) -> dict[Shape, dict]:
-    """The timed verify rows of one bench result file for `spec_name`, by shape."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise BenchResultError(f"{path}: not a readable JSON bench result ({e})") from None
-    rows = data.get("rows") if isinstance(data, dict) else data
-    if not isinstance(rows, list):
-        raise BenchResultError(f"{path}: expected a list of rows or an object with \"rows\"")
-    out = {}
-    for i, row in enumerate(rows):
-        bad = [k for k, t in ROW_KEYS.items() if not isinstance(row, dict) or not isinstance(row.get(k), t)]
-        bad += [k for k in ("us", "pct_floor") if isinstance(row, dict) and row.get(k) is not None
-                and not isinstance(row[k], (int, float))]
-        if bad:
-            raise BenchResultError(f"{path}: row {i}: missing or mistyped {', '.join(bad)} "
-                                   f"(schema: {', '.join(ROW_KEYS)}, us, pct_floor)")
-        if (row["spec"] == spec_name and row.get("mode", "verify") == "verify"
-                and row.get("us") and row.get("pct_floor")):
-            out[Shape(row["H"], row["T"], row["L"], row["B"], row["page_size"])] = {**row, "file": path.name}
-    return out
+@dataclass(frozen=True)
+class Call:
+    """Everything about one call that does not depend on the calibration."""
+
+    spec: Spec
+    shape: Shape
+    arch: Arch
+    plan: Plan
+    work: TileWork
+    items: tuple[Item, ...]
+    splits: int  # partial states per output row
+    combine_slots: int  # combine CTAs (one per output row) that run at once
+
+    @property
+    def slots(self) -> int:
+        return self.arch.sm_count * self.plan.tiles.min_blocks
+
+    def predict(self, cal: Calibration | None = None) -> Prediction:
+        cal = cal or calibration()
+        arch, spec, shape = self.arch, self.spec, self.shape
+        cycles, pipe = compute_cycles(self.work, arch, cal)
+        compute_us = cycles / (arch.clock_ghz * 1e3)
+        ring_us = (cal.latency_us + compute_us) / self.plan.tiles.stages
+        if ring_us > compute_us:
+            compute_us, pipe = ring_us, "latency"
+        bandwidth = cal.dram_efficiency * arch.dram_gbps * 1e3  # bytes per us
+        makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, cal.startup_us)
+        # the combine: one CTA per output row reads the row's states, a latency chain per wave of
+        # rows, or all states at the DRAM bandwidth
+        rows = shape.B * shape.T * shape.H
+        partials = len(self.items) * self.plan.tiles.bm * (spec.model.value_dim + 1) * 4
+        chains = ceil_div(rows, self.combine_slots) * self.splits * cal.state_us
+        combine = cal.combine_us + max(chains, (partials + rows * spec.model.value_dim * 2) / (arch.dram_gbps * 1e3))
+        if spec.cache.kv_dtype != "bfloat16" and not shape.decode:
+            combine += cal.quantize_us  # (per-call time, counted with the combine)
+        us = makespan + combine
+        per_call = combine + cal.startup_us * ceil_div(len(self.items), self.slots)  # startups per wave, combine
+        shares = {"dram": dram_bound, pipe: us - dram_bound - per_call, "per-call": per_call}
+        return Prediction(shape, arch.name, self.plan.tiles, us, max(shares, key=shares.get),
+                          floor(spec, shape, arch), compute_us, pipe_cycles(self.work, arch), len(self.items))
 
 
-def model(spec: Spec, arch: str | Arch = "sm_120", results_dir: Path | None = None,
-          shapes: list[Shape] | None = None) -> tuple[list[Modeled], list[Path]]:
-    """Modeled time of every shape (default: the §9 grid) on `arch`, and the bench files read."""
+def call(spec: Spec, shape: Shape, arch: str | Arch, *, plan_for: str | None = None,
+         tiles: AttentionTiles | None = None) -> Call:
+    """One call of `shape` on `arch` with the plan for `plan_for` (default: the spec's target; the
+    sm_120 plan also runs on the H200), or with `tiles`."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
-    files = results_files(spec.name, results_dir if results_dir is not None else Path.cwd() / "bench" / "results")
-    measured: dict[Shape, dict] = {}
-    for path in files:  # oldest first: newer files overwrite
-        measured.update(load_results(path, spec.name))
-    out = []
-    for shape in shapes if shapes is not None else grid(spec):
-        f = floor(spec, shape, arch)
-        if row := measured.get(shape):
-            source = f"H200 {row['us']:.1f} us = {row['pct_floor']:.1f}% of floor ({row['file']})"
-            out.append(Modeled(shape, arch.name, f, row["pct_floor"] / 100, source, row["us"]))
-        else:
-            out.append(Modeled(shape, arch.name, f, 1.0, NO_MEASUREMENT, None))
-    return out, files
+    p = plan(spec, plan_for, tiles)
+    work = DESIGNS[design_of(p)](p, arch)
+    items, splits = work_items(p, shape, arch.sm_count * p.tiles.min_blocks)
+    combine = build_variant(p.variant("lse_combine"), arch.name, KernelCache())
+    return Call(spec, shape, arch, p, work, tuple(items), splits, arch.sm_count * combine.occupancy.ctas_per_sm)
+
+
+def predict(spec: Spec, shape: Shape, arch: str | Arch, *, plan_for: str | None = None,
+            tiles: AttentionTiles | None = None, cal: Calibration | None = None) -> Prediction:
+    """Modeled time of one call (see call())."""
+    return call(spec, shape, arch, plan_for=plan_for, tiles=tiles).predict(cal)
+
+
+def grid(spec: Spec) -> list[Shape]:
+    """The §9 grid at the spec's H and page size (T up to the spec's tree; a static tree has its own)."""
+    nodes = spec.tree.nodes
+    ts = [nodes] if spec.tree.is_static else [t for t in GRID_T if t <= nodes] or [nodes]
+    return [Shape(spec.model.num_q_heads, t, l, b, spec.cache.page_size) for t in ts for l in GRID_L for b in GRID_B]
+
+
+def rank_by_model(spec: Spec, arch: str | Arch, candidates: list[AttentionTiles],
+                  shapes: list[Shape] | None = None) -> list[tuple[AttentionTiles, float]]:
+    """Candidate tilings that plan for `arch`, fastest first by the model: (tiles, the geometric
+    mean of their modeled µs over `shapes`, default the §9 grid). For `kgen tune` where the arch
+    is not present; the ranking is a model, and the caller says so."""
+    from .errors import PlanError
+
+    shapes = shapes or grid(spec)
+    arch_name = arch if isinstance(arch, str) else arch.name
+    ranked = []
+    for t in candidates:
+        try:
+            times = [predict(spec, s, arch, plan_for=arch_name, tiles=t).us for s in shapes]
+        except PlanError:
+            continue
+        ranked.append((t, math.exp(sum(map(math.log, times)) / len(times))))
+    return sorted(ranked, key=lambda r: r[1])

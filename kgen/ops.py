@@ -17,10 +17,10 @@ from . import checks
 from .arch import arch_for_capability, get_arch
 from .build import build
 from .cache import env_flag
-from .plan import Plan, Tiles, ceil_div, plan, work_capacity
+from .plan import MIN_SPLIT_TILES, Plan, Tiles, ceil_div, plan, work_capacity
 from .runtime import Kernel, current_stream
 from .spec import Spec
-from .step import MIN_SPLIT_TILES, Step, target_ctas, workspace_layout
+from .step import Step, target_ctas, workspace_layout
 from .tuning import Bucket, find_table, tiles_text
 
 __all__ = ["Module", "MIN_SPLIT_TILES"]

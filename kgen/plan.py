@@ -27,6 +27,7 @@ S_ROW_PAD = 8  # fp32 padding per partial-score row: a half-warp's float2 stores
 WGMMA_Q_REG_DIMS = 384  # the wgmma loop keeps Q's first 384 dims in registers (WgmmaAttnConfig::Q_SMEM_DIM0)
 KV_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per KV element
 KV_CTYPES = {"bfloat16": "__nv_bfloat16", "float8_e4m3fn": "unsigned char"}
+P_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}  # bytes per staged probability, by MMA type (spec.cache.mma_type)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class AttentionTiles:
         d, elem = spec.model.head_dim, KV_BYTES[spec.cache.kv_dtype]
         kv = self.stages * self.bn * (d * elem + ROW_PAD)
         s_part = DIM_GROUPS * self.bm * (self.bn + S_ROW_PAD) * 4
-        p = self.bm * (self.bn * elem + ROW_PAD)
+        p = self.bm * (self.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD)
         stats = 2 * self.bm * 4  # per-row rescale factor and final 1/l
         barriers = (2 * self.stages + 1) * 8  # full and empty mbarrier per stage, one for Q
         q_stage = self.bm * (d * 2 + ROW_PAD)  # bf16 Q is staged once through the KV buffers
@@ -98,8 +99,9 @@ class AttentionTiles:
         """The C++ Config type the kernel is instantiated with."""
         m = spec.model
         fp8 = "true" if spec.cache.kv_dtype == "float8_e4m3fn" else "false"
+        e4m3 = "true" if spec.cache.mma_type == "e4m3" else "false"
         return (f"kgen::AttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bm}, {self.bn}, "
-                f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {S_ROW_PAD}>")
+                f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, {S_ROW_PAD}>")
 
     def describe(self) -> str:
         return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "
@@ -200,7 +202,7 @@ def choose_attention_tiles(spec: Spec, arch: Arch) -> Tiles:
 
 def _tag(spec: Spec, arch: Arch) -> str:
     m, c = spec.model, spec.cache
-    dtype = {"bfloat16": "bf16", "float8_e4m3fn": "e4m3"}[c.kv_dtype]
+    dtype = {"bf16": "bf16", "f16": "e4m3f16", "e4m3": "e4m3"}[c.mma_type]  # KV type, and MMA type if other
     tree = f"st{spec.tree.nodes}" if spec.tree.is_static else f"t{spec.tree.nodes}"
     return f"h{m.num_q_heads}_d{m.head_dim}_ps{c.page_size}_{dtype}_{tree}_{arch.name.replace('_', '')}"
 
@@ -326,6 +328,9 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: Tiles | None = None)
     budget = {"smem_per_block": arch.smem_per_block, "attention_smem": smem,
               "attention_smem_headroom": arch.smem_per_block - smem}
     return Plan(spec=spec, arch=arch, tiles=tiles, variants=tuple(variants), budget=budget)
+
+
+MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay a small overhead
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -23,7 +23,9 @@ COUNTS_VERSION = 3
 ALWAYS = ("HMMA", "LDSM", "UBLKCP", "LDG", "STG", "LDL", "STL", "BAR")  # reported even when 0
 
 # "        /*0050*/   @!P0 LDG.E.128.CONSTANT R20, desc[UR6][R2.64] ;" -> "LDG.E.128.CONSTANT"
-_INSTR = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)(.*)")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRANCH_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
 _WIDTHS = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "32": 32, "64": 64, "128": 128, "256": 256}
 _TARGET = re.compile(r"^\s*\.target\s+(\S+)", re.M)
 
@@ -65,7 +67,37 @@ def dump(cubin: bytes, arch: str | None = None, line_info: bool = False) -> str:
 
 def opcodes(sass: str) -> list[str]:
     """Every instruction's full opcode with modifiers, predicates stripped, in order."""
-    return [m.group(1) for line in sass.splitlines() if (m := _INSTR.match(line))]
+    return [m.group(2) for line in sass.splitlines() if (m := _INSTR.match(line))]
+
+
+def tile_loop(sass: str) -> Counter:
+    """Opcodes of the loop that runs the most MMAs, by full opcode: the attention kernels' KV
+    tile loop, one tile per iteration. A loop is the code from a label to a branch back to it;
+    branches back from out-of-line slow paths (placed after the kernel's EXIT) are not loops."""
+    instrs, labels, pending = [], {}, []
+    for line in sass.splitlines():
+        if m := _LABEL.match(line):
+            pending.append(m.group(1))
+        elif m := _INSTR.match(line):
+            addr = int(m.group(1), 16)
+            labels.update((name, addr) for name in pending)
+            pending = []
+            instrs.append((addr, m.group(2), m.group(3)))
+    best: tuple[tuple[int, int], Counter] | None = None
+    for addr, op, rest in instrs:
+        target = _BRANCH_TARGET.search(rest) if op.startswith("BRA") else None
+        if not target or labels.get(target.group(1), addr + 1) > addr:
+            continue
+        body = Counter(o for a, o, _ in instrs if labels[target.group(1)] <= a <= addr)
+        if any(o.startswith(("EXIT", "RET")) for o in body):
+            continue
+        mmas = sum(n for o, n in body.items() if o.split(".")[0].endswith("MMA"))
+        rank = (mmas, -sum(body.values()))  # the most MMAs, then the tightest loop
+        if mmas and (best is None or rank > best[0]):
+            best = (rank, body)
+    if best is None:
+        raise SassError("no loop with tensor-core MMAs in this kernel")
+    return best[1]
 
 
 def classify(opcode: str) -> str | None:

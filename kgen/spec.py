@@ -19,6 +19,10 @@ from .errors import SpecError
 
 MAX_TREE_NODES = 1024
 KV_DTYPES = ("bfloat16", "float8_e4m3fn")  # fp8: value = stored e4m3 * a per-tensor kv_scale
+# MMA precision of an fp8 cache (docs/fp8.md): "f16" converts K/V exactly to f16 and keeps Q and P
+# in f16 (only the cache's rounding remains); "e4m3" also rounds Q (scaled per row) and P to e4m3
+# for native fp8 MMAs (twice the rate on sm_120, a documented error).
+FP8_MMA_TYPES = ("f16", "e4m3")
 
 
 class _Strict(BaseModel):
@@ -61,6 +65,20 @@ class ModelSpec(_Strict):
 class CacheSpec(_Strict):
     page_size: int = Field(ge=1, le=1024)
     kv_dtype: Literal[KV_DTYPES] = "bfloat16"  # type: ignore[valid-type]
+    mma: Literal[FP8_MMA_TYPES] | None = None  # type: ignore[valid-type]  # fp8 caches only; default f16
+
+    @field_validator("mma", mode="before")
+    @classmethod
+    def _no_bf16_mode(cls, v: object) -> object:
+        if v == "bf16":
+            raise ValueError("an fp8 cache's 16-bit mode is f16: every e4m3 value converts to f16 exactly in one "
+                             "instruction, and f16 keeps more of Q and P than bf16; use f16 or e4m3")
+        return v
+
+    @property
+    def mma_type(self) -> str:
+        """The MMA input type of the attention kernels: bf16, f16 or e4m3."""
+        return "bf16" if self.kv_dtype == "bfloat16" else self.mma or "f16"
 
     @field_validator("page_size")
     @classmethod
@@ -148,10 +166,13 @@ class Spec(_Strict):
     target: TargetSpec
 
     @model_validator(mode="after")
-    def _fp8_dims(self) -> "Spec":
+    def _fp8(self) -> "Spec":
+        if self.cache.mma is not None and self.cache.kv_dtype != "float8_e4m3fn":
+            raise ValueError(f"cache.mma = {self.cache.mma!r} chooses the MMA precision of a float8_e4m3fn cache; "
+                             f"a {self.cache.kv_dtype} cache always runs bf16 MMAs (remove cache.mma)")
         # e4m3 MMAs step 32 dims at a time; each of the 4 warp groups owns kv_lora_rank / 4 of them.
-        if self.cache.kv_dtype == "float8_e4m3fn" and self.model.kv_lora_rank % 128:
-            raise ValueError(f"cache.kv_dtype float8_e4m3fn needs model.kv_lora_rank a multiple of 128, "
+        if self.cache.mma_type == "e4m3" and self.model.kv_lora_rank % 128:
+            raise ValueError(f"cache.mma e4m3 needs model.kv_lora_rank a multiple of 128, "
                              f"got {self.model.kv_lora_rank}")
         return self
 

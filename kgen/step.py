@@ -26,9 +26,8 @@ import torch
 
 from . import checks, fp8
 from .cache import env_flag
-from .plan import work_capacity
+from .plan import MIN_SPLIT_TILES, work_capacity
 
-MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay a small overhead
 _ALIGN = 256  # bytes: every scratch array of a workspace starts aligned (float4 / int4 accesses)
 _BF16 = (torch.bfloat16,)
 

@@ -17,22 +17,29 @@
 // - The WARPS_M row blocks synchronize only among their own DIM_GROUPS warps (named barriers), so
 //   one block's softmax overlaps another's MMAs on the same SM sub-partitions.
 //
-// KV in bf16: m16n8k16 bf16 MMAs. KV in fp8 e4m3 (value = byte * kv_scale): m16n8k32 e4m3 MMAs
-// on the raw bytes, at twice the bf16 rate and half the staged bytes. Q is quantized once per
-// row (its own scale, so every row uses e4m3's full range) and P is stored as e4m3(p * P_SCALE);
-// the scales come back in fp32 in the softmax and in the final 1/l.
+// KV in bf16: m16n8k16 bf16 MMAs. KV in fp8 e4m3 (value = byte * kv_scale) is staged as bytes
+// (half the bf16 bytes) and multiplied in one of two precisions (the spec's cache.mma):
+// - f16: each K/V fragment is converted to f16 (exact: e4m3 is a subset of f16) for m16n8k16 f16
+//   MMAs; Q (scaled per row by a power of two, so exactly) and P are f16. Only the cache rounds.
+// - e4m3: m16n8k32 e4m3 MMAs on the raw bytes, at twice the bf16 rate on sm_120. Q is quantized
+//   once per row (its own scale: every row uses e4m3's range, none saturates) and P is stored as
+//   e4m3(p * P_SCALE): both round to 3 mantissa bits (docs/fp8.md).
+// The scales come back in fp32 in the softmax and in the final 1/l.
 #pragma once
 #include "kgen/rows.cuh"
 
 namespace kgen {
 
 template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_, bool KV_FP8_,
-          int S_ROW_PAD_>
+          bool MMA_E4M3_, int S_ROW_PAD_>
 struct AttnConfig {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = BM_, BN = BN_;
     static constexpr int WARPS_M = WARPS_M_, DIM_GROUPS = DIM_GROUPS_, STAGES = STAGES_;
     static constexpr bool KV_FP8 = KV_FP8_;
-    static constexpr int KV_ELEM = KV_FP8 ? 1 : 2;  // bytes per KV element
+    static constexpr bool MMA_E4M3 = MMA_E4M3_;           // fp8 KV: Q and P in e4m3 too
+    static constexpr bool MMA_F16 = KV_FP8 && !MMA_E4M3;  // fp8 KV converted to f16 in registers
+    static constexpr int KV_ELEM = KV_FP8 ? 1 : 2;        // bytes per KV element
+    static constexpr int P_ELEM = MMA_E4M3 ? 1 : 2;       // bytes per staged probability
     static constexpr int ROPE = D - DV;
     static constexpr int CONSUMERS = 32 * WARPS_M * DIM_GROUPS;  // threads that compute
     static constexpr int THREADS = CONSUMERS + 32;               // and one producer warp
@@ -40,20 +47,24 @@ struct AttnConfig {
     static constexpr int WARP_ROWS = BM / WARPS_M;
     static constexpr int M_TILES = WARP_ROWS / 16;
     static constexpr int DV_G = DV / DIM_GROUPS;  // value dims per group
-    // One MMA k-step covers 32 bytes of a row: 16 bf16 or 32 e4m3 dims. Each group takes its
-    // value dims' steps and every DIM_GROUPS-th rope step.
-    static constexpr int K_STEP = 32 / KV_ELEM;
+    // One MMA k-step covers 32 bytes of its inputs: 16 bf16/f16 or 32 e4m3 dims. Each group takes
+    // its value dims' steps and every DIM_GROUPS-th rope step.
+    static constexpr int K_STEP = 32 / P_ELEM;
+    // Keys per fragment load: ldmatrix moves 32 bytes of 16 keys for Q·K (16 bytes of 32 keys when
+    // they are converted to f16), and 16 bf16 keys, or 32 fp8 keys as byte pairs, for P·V.
+    static constexpr int K_BLOCK = MMA_F16 ? 32 : 16;
+    static constexpr int V_BLOCK = KV_FP8 ? 32 : 16;
     static constexpr int VALUE_STEPS = DV_G / K_STEP;
     static constexpr int ROPE_STEPS = ROPE / K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
-    static constexpr float P_SCALE = KV_FP8 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
+    static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
     static constexpr int PAD = 16;                       // bytes of padding per staged row
     static constexpr int KV_ROW = D * KV_ELEM;           // bytes per KV row
     static constexpr int Q_ROW = D * 2;                  // bytes per (bf16) query row
     static constexpr int KV_STRIDE = KV_ROW + PAD;       // bytes per staged KV row
     static constexpr int Q_STRIDE = Q_ROW + PAD;         // bytes per staged Q row
     static constexpr int S_STRIDE = BN + S_ROW_PAD_;     // floats per partial-score row
-    static constexpr int P_STRIDE = BN * KV_ELEM + PAD;  // bytes per probability row
+    static constexpr int P_STRIDE = BN * P_ELEM + PAD;   // bytes per probability row
     // Shared memory layout (bytes); plan.attention_smem_bytes mirrors it.
     static constexpr int KV_BYTES = STAGES * BN * KV_STRIDE;
     static constexpr int S_OFF = KV_BYTES;
@@ -71,7 +82,8 @@ struct AttnConfig {
 
     static_assert(M_TILES >= 1 && WARP_ROWS % 16 == 0, "each warp owns whole 16-row MMA tiles");
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
-    static_assert(BN % 16 == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
+    static_assert(BN % K_BLOCK == 0 && BN % V_BLOCK == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
+    static_assert(KV_FP8 || !MMA_E4M3, "e4m3 MMAs need an e4m3 cache");
     static_assert(BM * Q_STRIDE <= KV_BYTES, "Q is staged through the KV ring");
     static_assert(CONSUMERS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
@@ -109,10 +121,11 @@ __device__ __forceinline__ bool has_step(int group, int ks) {
     return ks < C::VALUE_STEPS || (ks - C::VALUE_STEPS) * C::DIM_GROUPS + group < C::ROPE_STEPS;
 }
 
-// d += a * b in the MMA of the KV type.
+// d += a * b in the MMA type of the config.
 template <class C>
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if constexpr (C::KV_FP8) mma_16832_e4m3(d, a, b0, b1);
+    if constexpr (C::MMA_E4M3) mma_16832_e4m3(d, a, b0, b1);
+    else if constexpr (C::MMA_F16) mma_16816_f16(d, a, b0, b1);
     else mma_16816(d, a, b0, b1);
 }
 
@@ -144,16 +157,41 @@ struct WarpCoords {
     }
 };
 
-// e4m3 A fragment register: row r's 4 consecutive dims from d, times inv_scale.
-__device__ __forceinline__ unsigned quantize4(const char* q_row, int d, float inv_scale) {
+// Dims d .. d + 3 of a staged bf16 query row, times inv_scale.
+__device__ __forceinline__ float4 scaled4(const char* q_row, int d, float inv_scale) {
     const uint2 raw = *reinterpret_cast<const uint2*>(q_row + d * 2);
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    return pack_e4m3x2(a.x * inv_scale, a.y * inv_scale) | (unsigned(pack_e4m3x2(b.x * inv_scale, b.y * inv_scale)) << 16);
+    return make_float4(a.x * inv_scale, a.y * inv_scale, b.x * inv_scale, b.y * inv_scale);
 }
 
-// Q fragments of this warp from the staged Q tile. bf16: ldmatrix. e4m3: each row is scaled by
-// 448 / max|q| (its reducers find the max and keep the inverse in score_scale).
+// A fragment of k-step dims [d0, d0 + K_STEP) for rows r and r + 8 of the staged Q tile, scaled.
+// e4m3 (k = 32): register i holds 4 consecutive dims. f16 (k = 16): the k order is permuted to
+// match key_fragments' (lane q holds dims 4q .. 4q+3: k 2q, 2q+1 in a[0] and k 2q+8, 2q+9 in a[2]).
+template <class C>
+__device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
+                                           float inv_lo, float inv_hi) {
+    const float4 lo = scaled4(smem + r * C::Q_STRIDE, d0 + 4 * q4, inv_lo);
+    const float4 hi = scaled4(smem + (r + 8) * C::Q_STRIDE, d0 + 4 * q4, inv_hi);
+    if constexpr (C::MMA_E4M3) {
+        const float4 lo2 = scaled4(smem + r * C::Q_STRIDE, d0 + 16 + 4 * q4, inv_lo);
+        const float4 hi2 = scaled4(smem + (r + 8) * C::Q_STRIDE, d0 + 16 + 4 * q4, inv_hi);
+        a[0] = pack_e4m3x4(lo);
+        a[1] = pack_e4m3x4(hi);
+        a[2] = pack_e4m3x4(lo2);
+        a[3] = pack_e4m3x4(hi2);
+    } else {
+        a[0] = pack_half2(lo.x, lo.y);
+        a[1] = pack_half2(hi.x, hi.y);
+        a[2] = pack_half2(lo.z, lo.w);
+        a[3] = pack_half2(hi.z, hi.w);
+    }
+}
+
+// Q fragments of this warp from the staged Q tile. bf16: ldmatrix. fp8 KV: each row is scaled by
+// its own q_scale (its reducers find max|q| and keep q_scale in score_scale): e4m3 maps max|q| to
+// 448 (no value saturates); f16 divides by a power of two that puts max|q| in [2^14, 2^15)
+// (exact, far below f16's 65504).
 template <class C>
 __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, float scale_log2, float kv_scale) {
     const WarpCoords w = WarpCoords::of<C>();
@@ -179,7 +217,7 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
         }
 #pragma unroll
         for (int off = 1; off < C::RED_THREADS; off *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        const float q_scale = amax > 0.f ? amax / 448.f : 1.f;
+        const float q_scale = !(amax > 0.f) ? 1.f : C::MMA_E4M3 ? amax / 448.f : ldexpf(1.f, ilogbf(amax) - 14);
         st.score_scale = scale_log2 * kv_scale * q_scale;
         st.out_scale = kv_scale / C::P_SCALE;
         if (threadIdx.x % C::RED_THREADS == 0) inv_q[w.red_row] = 1.f / q_scale;
@@ -189,14 +227,9 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
             const int r = w.wrow0 + mt * 16 + w.g;
             const float inv_lo = inv_q[r], inv_hi = inv_q[r + 8];
 #pragma unroll
-            for (int ks = 0; ks < C::K_STEPS; ++ks) {
-                const int d = key_dim<C>(w.group, ks) + 4 * w.q4;
-                if (!has_step<C>(w.group, ks)) continue;
-                st.qf[mt][ks][0] = quantize4(smem + r * C::Q_STRIDE, d, inv_lo);
-                st.qf[mt][ks][1] = quantize4(smem + (r + 8) * C::Q_STRIDE, d, inv_hi);
-                st.qf[mt][ks][2] = quantize4(smem + r * C::Q_STRIDE, d + 16, inv_lo);
-                st.qf[mt][ks][3] = quantize4(smem + (r + 8) * C::Q_STRIDE, d + 16, inv_hi);
-            }
+            for (int ks = 0; ks < C::K_STEPS; ++ks)
+                if (has_step<C>(w.group, ks))
+                    quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
         }
     }
 }
@@ -239,52 +272,110 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
 }
 
 // Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
-// in the k order of the P·V B fragments built from ldmatrix.trans (see pv_tile): key 2q+i+8h of
-// the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
+// in the k order of the P·V B fragments built from ldmatrix.trans (see value_fragments): key
+// 2q+i+8h of the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
 template <class C>
 __device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1) {
-    if constexpr (C::KV_FP8) {
+    if constexpr (C::MMA_E4M3) {
         const int k = c % 16, pos = c - k + 4 * ((k % 8) / 2) + 2 * (k / 8);
         *reinterpret_cast<unsigned short*>(p_row + pos) = pack_e4m3x2(p0 * C::P_SCALE, p1 * C::P_SCALE);
+    } else if constexpr (C::MMA_F16) {
+        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_half2(p0, p1);
     } else {
         *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
+    }
+}
+
+// B operands of S = Q·K^T for the k-step at byte k_byte of the K_BLOCK keys from key0: kb[n] for
+// keys key0 + [8n, 8n + 8).
+template <class C>
+__device__ __forceinline__ void key_fragments(unsigned (&kb)[C::K_BLOCK / 8][2], const char* kt, int key0, int k_byte,
+                                              int lane) {
+    unsigned r[4];
+    if constexpr (C::MMA_F16) {
+        // 16 dims of 32 keys: register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
+        // pairs (the permuted k order quantize_q gives Q).
+        ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            kb[i][0] = e4m3x2_to_f16x2(r[i]);
+            kb[i][1] = e4m3x2_to_f16x2(r[i] >> 16);
+        }
+    } else {
+        // 32 bytes of 16 keys: r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
+        ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
+        kb[0][0] = r[0];
+        kb[0][1] = r[1];
+        kb[1][0] = r[2];
+        kb[1][1] = r[3];
+    }
+}
+
+// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
+// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
+// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
+// interleaves them).
+template <class C>
+__device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
+                                                int dim, int lane) {
+    if constexpr (!C::KV_FP8) {
+        unsigned b[4];
+        ldmatrix_x4_trans(b, kt + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
+        vb[0][0][0] = b[0];
+        vb[0][0][1] = b[1];
+        vb[0][1][0] = b[2];
+        vb[0][1][1] = b[3];
+    } else {
+        // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: t[i] holds keys 8i+2q, 8i+2q+1
+        // of dims 2g, 2g+1.
+        unsigned t[4];
+        ldmatrix_x4_trans(t, kt + (key0 + lane) * C::KV_STRIDE + dim);
+        if constexpr (C::MMA_E4M3) {
+            // k = 32: byte permutes gather keys {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in.
+            vb[0][0][0] = __byte_perm(t[0], t[1], 0x6420);
+            vb[0][0][1] = __byte_perm(t[2], t[3], 0x6420);
+            vb[0][1][0] = __byte_perm(t[0], t[1], 0x7531);
+            vb[0][1][1] = __byte_perm(t[2], t[3], 0x7531);
+        } else {
+            // k = 16 in key order: keys 2q, 2q+1 (register 0) and 2q+8, 2q+9 (register 1) of k-step s
+            // are t[2s] and t[2s+1]; a permute puts each dim's two keys side by side for the f16 convert.
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const unsigned even_odd = __byte_perm(t[2 * s + i], 0, 0x3120);
+                    vb[s][0][i] = e4m3x2_to_f16x2(even_odd);
+                    vb[s][1][i] = e4m3x2_to_f16x2(even_odd >> 16);
+                }
+        }
     }
 }
 
 // o_acc += P · V for this warp's rows and value dims over one staged tile.
 template <class C>
 __device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, const char* kt, const WarpCoords& w) {
+    constexpr int STEPS = C::V_BLOCK / C::K_STEP;  // MMA k-steps per key block
     const int lane = w.lane;
 #pragma unroll
-    for (int kk = 0; kk < C::BN / C::K_STEP; ++kk) {
-        unsigned pf[C::M_TILES][4];
+    for (int key0 = 0; key0 < C::BN; key0 += C::V_BLOCK) {
+        unsigned pf[C::M_TILES][STEPS][4];
 #pragma unroll
         for (int mt = 0; mt < C::M_TILES; ++mt)
-            ldmatrix_x4(pf[mt], p_smem + (w.wrow0 + mt * 16 + (lane % 16)) * C::P_STRIDE + kk * 32 + (lane / 16) * 16);
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s)
+                ldmatrix_x4(pf[mt][s], p_smem + (w.wrow0 + mt * 16 + (lane % 16)) * C::P_STRIDE +
+                                           (key0 / C::K_STEP + s) * 32 + (lane / 16) * 16);
 #pragma unroll
         for (int np = 0; np < C::DV_G / 16; ++np) {
-            const int dim = w.group * C::DV_G + np * 16;
-            unsigned b[4];
-            if constexpr (C::KV_FP8) {
-                // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: lane gets keys 2q, 2q+1 of
-                // dims 2g, 2g+1 per block; byte permutes split even and odd dims over keys
-                // {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in. The even-dim tile goes to
-                // o_acc[2np] (dim 2n), the odd one to o_acc[2np+1]; attend_end interleaves them.
-                unsigned t[4];
-                ldmatrix_x4_trans(t, kt + (kk * 32 + lane) * C::KV_STRIDE + dim);
-                b[0] = __byte_perm(t[0], t[1], 0x6420);
-                b[1] = __byte_perm(t[2], t[3], 0x6420);
-                b[2] = __byte_perm(t[0], t[1], 0x7531);
-                b[3] = __byte_perm(t[2], t[3], 0x7531);
-            } else {
-                const int key = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                ldmatrix_x4_trans(b, kt + key * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
-            }
+            unsigned vb[STEPS][2][2];
+            value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane);
 #pragma unroll
-            for (int mt = 0; mt < C::M_TILES; ++mt) {
-                mma<C>(st.o_acc[mt][2 * np], pf[mt], b[0], b[1]);
-                mma<C>(st.o_acc[mt][2 * np + 1], pf[mt], b[2], b[3]);
-            }
+            for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+                for (int s = 0; s < STEPS; ++s) {
+                    mma<C>(st.o_acc[mt][2 * np], pf[mt][s], vb[s][0][0], vb[s][0][1]);
+                    mma<C>(st.o_acc[mt][2 * np + 1], pf[mt][s], vb[s][1][0], vb[s][1][1]);
+                }
         }
     }
 }
@@ -339,17 +430,15 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
 #pragma unroll
         for (int ks = 0; ks < C::K_STEPS; ++ks) {
             if (!has_step<C>(group, ks)) continue;  // warp-uniform
-            const int k_byte = key_dim<C>(group, ks) * C::KV_ELEM;
 #pragma unroll
-            for (int np = 0; np < C::BN / 16; ++np) {
-                unsigned b[4];
-                const int n = np * 16 + (lane % 8) + (lane / 16) * 8;
-                ldmatrix_x4(b, kt + n * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
+            for (int key0 = 0; key0 < C::BN; key0 += C::K_BLOCK) {
+                unsigned kb[C::K_BLOCK / 8][2];
+                key_fragments<C>(kb, kt, key0, key_dim<C>(group, ks) * C::KV_ELEM, lane);
 #pragma unroll
-                for (int mt = 0; mt < C::M_TILES; ++mt) {
-                    mma<C>(s_acc[mt][2 * np], st.qf[mt][ks], b[0], b[1]);
-                    mma<C>(s_acc[mt][2 * np + 1], st.qf[mt][ks], b[2], b[3]);
-                }
+                for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+                    for (int n = 0; n < C::K_BLOCK / 8; ++n)
+                        mma<C>(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
             }
         }
 #pragma unroll
@@ -465,7 +554,7 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
             const float* e = st.o_acc[mt][2 * np];
             const float* o = st.o_acc[mt][2 * np + 1];
             const int d = w.group * C::DV_G + np * 16;
-            if constexpr (C::KV_FP8) {  // even/odd dim tiles (pv_tile): this lane holds dims d + 4q .. +3
+            if constexpr (C::KV_FP8) {  // even/odd dim tiles (value_fragments): this lane holds dims d + 4q .. +3
                 *reinterpret_cast<float4*>(lo + d + 4 * w.q4) = make_float4(e[0] * il_lo, o[0] * il_lo, e[1] * il_lo, o[1] * il_lo);
                 *reinterpret_cast<float4*>(hi + d + 4 * w.q4) = make_float4(e[2] * il_hi, o[2] * il_hi, e[3] * il_hi, o[3] * il_hi);
             } else {  // two 8-dim tiles: this lane holds dims d + 2q, +1 and d + 8 + 2q, +1
@@ -478,16 +567,18 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     }
 }
 
-// Attention of the CTA's BM query rows over the key ranges `first` then `second` (NoKeys: none),
-// one online softmax; writes the partial state to part_o / part_lse. Every thread calls it.
-template <class C, class QRows, class First, class Second>
+// Attention of the CTA's BM query rows over the key range `first`, then the range second() returns
+// (NoKeys: none; made once the first is done), one online softmax; writes the partial state to
+// part_o / part_lse. Every thread calls it.
+template <class C, class QRows, class First, class SecondFn>
 __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_rows, float scale_log2, float kv_scale,
-                                       const First& first, const Second& second, float* __restrict__ part_o,
+                                       const First& first, const SecondFn& second_fn, float* __restrict__ part_o,
                                        float* __restrict__ part_lse) {
     AttnState<C> st;
     attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);
     attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);
-    if constexpr (is_key_range<Second>)
+    const auto second = second_fn();
+    if constexpr (is_key_range<decltype(second)>)
         attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
     attend_end<C>(smem, st, part_o, part_lse);
 }

@@ -52,11 +52,15 @@ __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, cons
     float* o = part_o + (long long)blockIdx.x * C::BM * C::DV;
     float* lse = part_lse + (long long)blockIdx.x * C::BM;
     if constexpr (FUSE_TREE) {
-        const bool last_split = item.tile_end == (prefix_len + C::BN - 1) / C::BN;
-        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix,
-                  tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split), o, lse);
+        // Made after the prefix range: its values are read again rather than held through the loop.
+        const auto tree = [&] {
+            const bool last_split = item.tile_end == (prefix_len + C::BN - 1) / C::BN;
+            return tree_range<C, MASK_WORDS>(k_tree, request_mask, item_rows<C>(schedule, item), item.row_tile,
+                                             last_split);
+        };
+        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, tree, o, lse);
     } else {
-        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, NoKeys{}, o, lse);
+        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);
     }
 }
 
@@ -70,7 +74,7 @@ __device__ __forceinline__ void tree_attention(char* smem, const bf16* q, const 
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
     attend<C>(smem, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2, kv_scale,
-              tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true), NoKeys{},
+              tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true), [] { return NoKeys{}; },
               part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
 }
 

@@ -335,12 +335,13 @@ __device__ __forceinline__ void wg_end(const WgConsumer<C>& st, float* __restric
     }
 }
 
-// Attention of the CTA's BM query rows over the key ranges `first` then `second` (NoKeys: none),
-// one online softmax; writes the partial state to part_o / part_lse. Every thread calls it.
+// Attention of the CTA's BM query rows over the key range `first`, then the range second() returns
+// (NoKeys: none; made once the first is done), one online softmax; writes the partial state to
+// part_o / part_lse. Every thread calls it.
 // kv_scale is for fp8 caches, which this loop does not take (the plan keeps them on attention.cuh).
-template <class C, class QRows, class First, class Second>
+template <class C, class QRows, class First, class SecondFn>
 __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int num_rows, float scale_log2, float,
-                                       const First& first, const Second& second, float* __restrict__ part_o,
+                                       const First& first, const SecondFn& second_fn, float* __restrict__ part_o,
                                        float* __restrict__ part_lse) {
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
     if (threadIdx.x == 0) {
@@ -355,7 +356,8 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
     if (threadIdx.x < 128) {
         setmaxnreg_dec<C::PRODUCER_REGS>();
         wg_produce<C>(smem, ring_pos, first.keys, first.num_keys, first.tile_begin, first.tile_end);
-        if constexpr (is_key_range<Second>)
+        const auto second = second_fn();
+        if constexpr (is_key_range<decltype(second)>)
             wg_produce<C>(smem, ring_pos, second.keys, second.num_keys, second.tile_begin, second.tile_end);
         cp_async_wait_all();  // nothing of this thread is in flight when it exits
     } else {
@@ -363,7 +365,8 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
         WgConsumer<C> st;
         wg_begin<C>(smem, st, q_rows, num_rows);
         wg_consume<C>(smem, st, ring_pos, first.num_keys, first.visible, first.tile_begin, first.tile_end, scale_log2);
-        if constexpr (is_key_range<Second>)
+        const auto second = second_fn();
+        if constexpr (is_key_range<decltype(second)>)
             wg_consume<C>(smem, st, ring_pos, second.num_keys, second.visible, second.tile_begin, second.tile_end,
                           scale_log2);
         wg_end<C>(st, part_o, part_lse);

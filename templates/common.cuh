@@ -1,6 +1,7 @@
 // kgen device helpers shared by every kernel. NVRTC-safe: no host headers, no std::.
 #pragma once
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 namespace kgen {
 
@@ -86,7 +87,7 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// ---- tensor-core fragments (mma.sync m16n8k16, bf16 in, fp32 accumulate) ----
+// ---- tensor-core fragments (mma.sync, fp32 accumulate) ----
 
 // Four 8x8 b16 matrices; lane i supplies the row address of matrix i / 8.
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
@@ -110,6 +111,15 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with f16 in.
+__device__ __forceinline__ void mma_16816_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // d += a * b for one 16x8 tile with k = 32, e4m3 in (4 consecutive k per register), fp32 accumulate.
 __device__ __forceinline__ void mma_16832_e4m3(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm volatile(
@@ -124,6 +134,23 @@ __device__ __forceinline__ unsigned short pack_e4m3x2(float lo, float hi) {
     unsigned short r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     return r;
+}
+
+// Four floats to e4m3 (as pack_e4m3x2): x in byte 0 .. w in byte 3.
+__device__ __forceinline__ unsigned pack_e4m3x4(float4 v) {
+    return pack_e4m3x2(v.x, v.y) | (unsigned(pack_e4m3x2(v.z, v.w)) << 16);
+}
+
+// The two e4m3 values in the low 16 bits of v as f16x2 (byte 0 in the low half); exact.
+__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned v) {
+    unsigned r;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(static_cast<unsigned short>(v)));
+    return r;
+}
+
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<unsigned*>(&v);
 }
 
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {

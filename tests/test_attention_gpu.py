@@ -18,10 +18,13 @@ pytestmark = pytest.mark.gpu
 
 # Random batches per spec: heads 8 / 16 / 128, page sizes 1 / 16 / 64, dynamic trees up to 64 /
 # 1024 / 16 nodes, and the static 5-node tree.
-# fp8 e4m3 KV: glm5_fp8_sm120 (page size 1) and glm5_fp8_p64_sm120 (page size 64).
+# fp8 e4m3 KV: glm5_fp8_sm120 (f16 MMAs, page size 1), glm5_fp8_p64_sm120 (page size 64) and
+# glm5_fp8_mma_e4m3_sm120 (e4m3 MMAs).
 RANDOM_CASES = {"glm5_sm120": 60, "glm5_tp4_sm120": 40, "deepseek_v3_sm120": 40, "glm5_p16_sm120": 40,
-                "glm5_static5_sm120": 20, "glm5_fp8_sm120": 30, "glm5_fp8_p64_sm120": 20}
-DYNAMIC_SPECS = ["glm5_sm120", "glm5_tp4_sm120", "deepseek_v3_sm120", "glm5_p16_sm120", "glm5_fp8_sm120"]
+                "glm5_static5_sm120": 20, "glm5_fp8_sm120": 30, "glm5_fp8_p64_sm120": 20,
+                "glm5_fp8_mma_e4m3_sm120": 20}
+DYNAMIC_SPECS = ["glm5_sm120", "glm5_tp4_sm120", "deepseek_v3_sm120", "glm5_p16_sm120", "glm5_fp8_sm120",
+                 "glm5_fp8_mma_e4m3_sm120"]
 MAX_ROWS = 1 << 17  # sum T * H of one random batch
 MAX_LOGITS = 1 << 28  # sum over requests of T * H * (L + T): keeps the float64 reference quick
 
@@ -143,6 +146,7 @@ def test_rows_that_see_nothing_get_zero_and_minus_inf(module_for, cuda, seed, sp
     ("glm5_static5_sm120", [5, 5], [131072, 77]),
     ("glm5_fp8_sm120", [16], [131072]),
     ("glm5_fp8_p64_sm120", [16, 3], [100003, 4097]),
+    ("glm5_fp8_mma_e4m3_sm120", [16, 3], [131072, 4097]),
 ])
 def test_long_prefixes_match_the_reference(module_for, cuda, seed, spec_name, sizes, lens):
     mod = module_for(spec_name)
@@ -218,10 +222,11 @@ def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, s
         assert_close_attention(out, lse, *inp.verify_ref(), **tolerances(mod.spec), what=what)
 
 
-def test_fp8_error_against_the_bf16_reference(module_for, cuda, seed):
+@pytest.mark.parametrize("spec_name", ["glm5_fp8_sm120", "glm5_fp8_mma_e4m3_sm120"])
+def test_fp8_error_against_the_bf16_reference(module_for, cuda, seed, spec_name):
     """What fp8 KV costs end to end: the fp8 op on the quantized cache against the float64
     reference on the original bf16 cache (the tolerance above is against the dequantized one)."""
-    mod = module_for("glm5_fp8_sm120")
+    mod = module_for(spec_name)
     inp = make_verify_inputs(Dims.of(module_for("glm5_sm120").spec), [16, 16], [32768, 4096], device=cuda,
                              generator=generator(cuda, seed))
     scale = float(inp.kv_cache.nan_to_num().abs().max()) / 448  # as a calibrated per-tensor scale would be

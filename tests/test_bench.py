@@ -82,3 +82,22 @@ def test_plot_writes_png(tmp_path):
     path = plot({"spec": "glm5_sm120", "device": "test", "ceilings": {}, "rows": rows}, tmp_path / "p.png")
     assert path.stat().st_size > 1000
     json.dumps(rows)  # rows are plain JSON
+
+
+def test_cvt_peak_compiles_to_the_fp8_unpack_of_the_attention_loops():
+    from bench.ceilings import CVT_SOURCE
+    from kgen import nvrtc, sass
+
+    for arch in ("sm_90", "sm_120"):
+        cubin = nvrtc.compile_cubin(CVT_SOURCE.read_text(), {}, arch, "cvt_peak", CVT_SOURCE.name).cubin
+        assert any(op.startswith("F2FP.F16.E4M3.UNPACK_B") for op in sass.opcodes(sass.disassemble(cubin)))
+
+
+def test_model_validate_reads_ncu_csv():
+    from bench.model_validate import parse_ncu_csv
+
+    text = ('==PROF== Connected to process 1\n"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"\n'
+            '"0","verify_attn__x","dram__bytes_read.sum","byte","1,234,567"\n'
+            '"0","verify_attn__x","lts__t_sector_hit_rate.pct","%","78.5"\n')
+    assert parse_ncu_csv(text) == {"dram__bytes_read.sum": 1234567.0, "lts__t_sector_hit_rate.pct": 78.5}
+    assert parse_ncu_csv("==ERROR== no kernels were profiled\n") == {}

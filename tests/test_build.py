@@ -11,9 +11,8 @@ from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
-from kgen.ops import MIN_SPLIT_TILES
 from kgen.arch import ArchError
-from kgen.plan import AttentionTiles, attention_smem_bytes, plan, work_capacity
+from kgen.plan import MIN_SPLIT_TILES, AttentionTiles, attention_smem_bytes, plan, work_capacity
 from kgen.render import generated_files, render
 from kgen.spec import parse_spec
 
@@ -37,9 +36,16 @@ def test_every_kernel_of_the_sm120_plan_compiles_without_spills(path, arch, cach
     assert {b.variant.kernel for b in built} == {"prefix_attn", "tree_attn", "lse_merge", "kv_defrag"}
     for b in built:
         assert b.cubin[:4] == b"\x7fELF", b.variant.name
-        assert b.report.spill_bytes == 0, (b.variant.name, b.report)
+        assert b.report.spill_bytes <= emulated_e4m3_spill_limit(p.spec, arch), (b.variant.name, b.report)
         if arch == "sm_120":
             assert b.smem_bytes <= SM120_SMEM, (b.variant.name, b.smem_bytes)
+
+
+def emulated_e4m3_spill_limit(spec, arch: str) -> int:
+    """sm_90 has no e4m3 mma.sync: ptxas unpacks both operands of every emulated e4m3 MMA, and at
+    the 168-register cap of the producer-warp loop a few words of fp8 verify spill there. The
+    product target (sm_120, native QMMA) gets none."""
+    return 32 if arch == "sm_90" and spec.cache.mma_type == "e4m3" else 0
 
 
 # The wgmma loop's tree range (the verify tail, and tree_attn alone) holds the mask functor beside
@@ -56,7 +62,8 @@ def test_the_sm90_plan_is_its_own_and_compiles_for_sm90a(path, cache):
     built = {b.variant.name: b for b in build(p, ["sm_90"], cache, inspect=True)}
     for name, b in built.items():
         assert b.cubin[:4] == b"\x7fELF" and b.smem_bytes <= 227 * 1024, name
-        limit = SM90_TREE_SPILL_BYTES if wgmma and name in ("verify_attn", "tree_attn") else 0
+        limit = (SM90_TREE_SPILL_BYTES if wgmma and name in ("verify_attn", "tree_attn")
+                 else emulated_e4m3_spill_limit(spec, "sm_90"))
         assert b.report.spill_bytes <= limit, (name, b.report)
     if wgmma:
         assert built["prefix_attn"].sass["HGMMA"] > 0 and built["prefix_attn"].sass["LDGSTS"] > 0
@@ -90,16 +97,30 @@ def test_plan_respects_sm120_budget_and_refuses_overrun():
         plan(wide)
 
 
-def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring():
-    bf16, fp8 = (kgen.load_spec(ROOT / "specs" / f"{n}.yaml") for n in ("glm5_sm120", "glm5_fp8_sm120"))
+@pytest.mark.parametrize("name, mma, tag", [("glm5_fp8_sm120", "false", "_e4m3f16_"),
+                                             ("glm5_fp8_mma_e4m3_sm120", "true", "_e4m3_")])
+def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring(name, mma, tag):
+    bf16, fp8 = (kgen.load_spec(ROOT / "specs" / f"{n}.yaml") for n in ("glm5_sm120", name))
     p8 = plan(fp8)
     assert attention_smem_bytes(fp8, p8.tiles) <= SM120_SMEM
     assert p8.tiles.stages == 2 * plan(bf16).tiles.stages == 4  # 592-byte rows instead of 1168
     v = p8.variant("verify_attn")
     src = render(v)
-    assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, 8>;" in src  # BM, BN, warps, groups, stages, fp8, S row pad
+    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, S row pad
+    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, 8>;" in src
     assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
-    assert "_e4m3_" in v.variant_id
+    assert tag in v.variant_id
+
+
+@pytest.mark.parametrize("name, mma", [("glm5_fp8_sm120", "HMMA"), ("glm5_fp8_mma_e4m3_sm120", "QMMA")])
+def test_fp8_loop_runs_the_mma_its_spec_chooses_on_sm120(name, mma, cache):
+    """f16 mode: f16 HMMAs on e4m3 bytes converted in registers (F2FP); e4m3 mode: native QMMAs."""
+    from kgen.build import build_variant
+
+    b = build_variant(plan(kgen.load_spec(ROOT / "specs" / f"{name}.yaml")).variant("prefix_attn"), "sm_120", cache,
+                      inspect=True)
+    assert b.sass.get(mma) == 68 if mma == "HMMA" else b.sass.get(mma) == 36
+    assert not b.sass.get("QMMA" if mma == "HMMA" else "HMMA")
 
 
 def test_rendered_source_injects_plan_values():

@@ -1,100 +1,169 @@
-"""The labelled sm_120 performance model and the occupancy calculator (CPU)."""
+"""The resource model (kgen/model.py) and the occupancy calculator, on the CPU (NVRTC + nvdisasm)."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from kgen import model
 from kgen.arch import get_arch
 from kgen.cli import app
-from kgen.model import GRID_L, NO_MEASUREMENT, BenchResultError, Shape, floor, grid, model
+from kgen.model import Calibration, Item, Shape, floor, grid, predict, rank_by_model, simulate
 from kgen.occupancy import occupancy
+from kgen.plan import AttentionTiles, plan
 from kgen.spec import load_spec
 
-SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_DIR = ROOT / "specs"
+MAIN = Shape(8, 16, 131072, 1)  # B=1, T=16, L=131072, H=8
+CAL = Calibration(overlap=0.0, barrier_cycles=0.0, dram_efficiency=0.75, latency_us=0.0, startup_us=8.0,
+                  combine_us=6.0, state_us=0.13, quantize_us=10.0)
 
 
-@pytest.fixture
-def glm5():
-    return load_spec(SPEC_DIR / "glm5_sm120.yaml")
+def spec(name: str):
+    return load_spec(SPEC_DIR / f"{name}.yaml")
 
 
-def _row(shape: Shape, us: float, pct: float, spec: str = "glm5_sm120") -> dict:
-    return {"spec": spec, "H": shape.H, "T": shape.T, "L": shape.L, "B": shape.B,
-            "page_size": shape.page_size, "us": us, "pct_floor": pct}
+@pytest.mark.parametrize("name, arch, mma, per_warp, unpacks", [
+    ("glm5_sm120", "sm_90", "HMMA.16816.F32.BF16", 68, 0),  # QK 9 k-steps x 4 n-tiles + PV 2 x 16
+    ("glm5_sm120", "sm_120", "HMMA.16816.F32.BF16", 68, 0),
+    ("glm5_fp8_sm120", "sm_120", "HMMA.16816.F32", 68, 136),  # f16: K 9 x 8 + V 8 x 8 conversions
+    ("glm5_fp8_mma_e4m3_sm120", "sm_120", "QMMA.16832.F32.E4M3.E4M3", 36, 0),  # QK 5 x 4 + PV 16 (busiest group)
+])
+def test_tile_loop_is_one_tile_of_the_plan(name, arch, mma, per_warp, unpacks):
+    loop = model._loop(plan(spec(name)).variant("prefix_attn"), arch)
+    assert loop[mma] == per_warp and sum(n for op, n in loop.items() if "MMA" in op) == per_warp
+    assert sum(n for op, n in loop.items() if op.startswith("F2FP") and "UNPACK" in op) == unpacks
+    assert sum(n for op, n in loop.items() if op.startswith("BAR.SYNC")) == 2  # the row block's two barriers
 
 
-def test_floor_matches_the_design_numbers():
-    # DESIGN §1: B=1, L=131072, T=16 on the H200: ~0.12 ms at H=16, 58 us at H=8; both mma-bound.
-    tp4, tp8 = load_spec(SPEC_DIR / "glm5_tp4_sm120.yaml"), load_spec(SPEC_DIR / "glm5_sm120.yaml")
-    h200 = get_arch("sm_90")
-    f16 = floor(tp4, Shape(16, 16, 131072, 1, 1), h200)
-    f8 = floor(tp8, Shape(8, 16, 131072, 1, 1), h200)
-    assert f16.bound == f8.bound == "mma"
-    assert f16.us == pytest.approx(116, rel=0.02) and f8.us == pytest.approx(58, rel=0.02)
-    assert f8.flops == 2 * 16 * 8 * (131072 + 16) * (576 + 512)
-    # KV read once dominates the bytes; on sm_120 the same shape is DRAM-bound.
-    assert f8.bytes > 131072 * 576 * 2
-    assert floor(tp8, Shape(8, 16, 131072, 1, 1), get_arch("sm_120")).bound == "dram"
+def test_shared_wavefronts_of_the_bf16_tile_match_the_v7_count():
+    """bench/NOTES.md (ncu of the v12 loop): ~1450 wavefronts of K/V/P fragments and partial
+    scores per 32-key tile, plus 36.9 KB of bulk-copy writes."""
+    work = model.mma_sync_rowblocks(plan(spec("glm5_sm120")), get_arch("sm_90"))
+    lsu = work.smem_wavefronts - work.kv_bytes / 128
+    assert work.kv_bytes == 32 * 1152 and 1400 <= lsu <= 1550
+    assert work.mma_flops == {"bf16": 8 * 68 * 4096}
+    cycles = model.pipe_cycles(work, get_arch("sm_120"))
+    assert cycles["tensor"] == pytest.approx(8 * 68 * 4096 / 1024, rel=0.01)  # ~1024 FLOP/cycle/SM on sm_120
+    assert cycles["tensor"] > cycles["smem"]  # MMA-bound there, shared-memory-bound on the H200:
+    h200 = model.pipe_cycles(work, get_arch("sm_90"))
+    assert h200["smem"] > 2 * h200["tensor"]
 
 
-def test_grid_uses_the_specs_heads_page_size_and_tree(glm5):
-    shapes = grid(glm5)
+def test_wavefront_and_mma_parsing():
+    assert model._mma("HMMA.16816.F32.BF16") == ("bf16", 4096)
+    assert model._mma("QMMA.16832.F32.E4M3.E4M3") == ("e4m3", 8192)
+    assert model._mma("LDSM.16.M88.4") is None
+    assert [model._wavefronts(op) for op in ("LDSM.16.MT88.4", "LDSM.16.M88.2", "LDS.128", "STS.64", "STS.U16",
+                                            "LDS", "FADD")] == [4, 2, 4, 2, 1, 1, 0]
+    work = model.tile_work_from_loop(Counter({"HMMA.16816.F32": 2, "LDSM.16.M88.4": 1, "F2FP.F16.E4M3.UNPACK_B": 3,
+                                              "BAR.SYNC.DEFER_BLOCKING": 2}), warps=8, keys=32, kv_bytes=256)
+    assert work.mma_flops == {"f16": 8 * 2 * 4096} and work.smem_wavefronts == 8 * 4 + 2
+    assert work.convert_lanes == 8 * 32 * 3 and work.barriers == 2 and work.issue == 2 * 8
+
+
+def test_work_items_mirror_the_schedule():
+    p = plan(spec("glm5_sm120"))
+    items, splits = model.work_items(p, MAIN, 132)  # 4 row tiles x 4096 KV tiles over 132 CTAs
+    assert len(items) == 132 and splits == 33  # chunk = ceil(16384 / 132) = 125 tiles
+    assert [it.tiles for it in items[:4]] == [125] * 4 and items[-1].tiles == 4096 - 32 * 125 + 1  # + the tree tile
+    assert items[0].dram_bytes == pytest.approx(32 * 1152 / 4)  # 4 row tiles share each chunk
+    decode, splits = model.work_items(p, Shape(8, 1, 4096, 1), 132)
+    assert (len(decode), splits) == (32, 32) and {it.tiles for it in decode} == {4}  # at least 4 tiles a split
+
+
+def test_simulation_waves_and_dram_sharing():
+    one = [Item(tiles=10, dram_bytes=0.0)]
+    assert simulate(one * 4, 4, compute_us=1.0, dram_bytes_per_us=1.0, startup_us=2.0) == (12.0, 0.0)
+    assert simulate(one * 8, 4, 1.0, 1.0, 2.0)[0] == pytest.approx(24.0)  # two waves
+    heavy = [Item(tiles=10, dram_bytes=3.0)] * 2  # 6 bytes per tile round at 2 bytes/us: 3 us a tile
+    span, dram = simulate(heavy, 2, 1.0, 2.0, 0.0)
+    assert span == pytest.approx(30.0) and dram == pytest.approx(30.0)
+    short_and_long = [Item(2, 0.0), Item(10, 0.0), Item(10, 0.0)]  # the third starts when the short one ends
+    assert simulate(short_and_long, 2, 1.0, 1.0, 0.0)[0] == pytest.approx(12.0)
+
+
+def test_floor_uses_the_mma_type_of_the_spec():
+    sm120 = get_arch("sm_120")
+    bf16, e4m3 = floor(spec("glm5_sm120"), MAIN, sm120), floor(spec("glm5_fp8_mma_e4m3_sm120"), MAIN, sm120)
+    assert bf16.flops == e4m3.flops == 2 * 16 * 8 * (131072 + 16) * (576 + 512)
+    assert bf16.dram_us == pytest.approx(2 * e4m3.dram_us) and bf16.mma_us == pytest.approx(2 * e4m3.mma_us)
+    assert bf16.us == pytest.approx((131072 + 16) * 1152 / 1792e3)  # DRAM-bound: 84 us
+    assert floor(spec("glm5_fp8_sm120"), MAIN, sm120).mma_us == pytest.approx(bf16.mma_us)  # f16: bf16's rate
+
+
+def test_predictions_name_what_binds_and_rank_tilings():
+    glm5 = spec("glm5_sm120")
+    main = predict(glm5, MAIN, "sm_120", cal=CAL)
+    assert main.binding == "tensor" and 0 < main.pct_floor < 100
+    assert predict(glm5, MAIN, "sm_90", cal=CAL).binding == "smem"  # the same plan on the H200
+    assert predict(glm5, Shape(8, 1, 131072, 32), "sm_120", cal=CAL).binding == "dram"
+    assert predict(glm5, Shape(8, 16, 4096, 1), "sm_120", cal=CAL).binding == "per-call"
+    e4m3 = predict(spec("glm5_fp8_mma_e4m3_sm120"), MAIN, "sm_120", cal=CAL)
+    assert e4m3.us < main.us and e4m3.pipes["tensor"] == pytest.approx(8 * 36 * 8192 / 2048, rel=0.01)  # QMMA: 2x
+    ranked = rank_by_model(glm5, "sm_120", [AttentionTiles(32, 32, 2, 2), AttentionTiles(32, 16, 2, 4),
+                                            AttentionTiles(32, 32, 2, 4)], shapes=[MAIN])
+    # 4 stages of 32 bf16 rows need more than sm_120's 99 KB: not a candidate there
+    assert {t for t, _ in ranked} == {AttentionTiles(32, 32, 2, 2), AttentionTiles(32, 16, 2, 4)}
+    assert ranked[0][1] <= ranked[1][1]
+
+
+def test_grid_uses_the_specs_heads_page_size_and_tree():
+    shapes = grid(spec("glm5_sm120"))
     assert {s.H for s in shapes} == {8} and {s.page_size for s in shapes} == {1}
-    assert {s.T for s in shapes} == {16, 64}  # max_nodes 64: T=256 cannot run on this spec
-    assert {s.L for s in shapes} == set(GRID_L) and len(shapes) == 2 * 3 * 3
-    static = grid(load_spec(SPEC_DIR / "glm5_static5_sm120.yaml"))
-    assert {s.T for s in static} == {5}
+    assert {s.T for s in shapes} == {16, 64} and len(shapes) == 2 * 3 * 3  # max_nodes 64: no T=256
+    assert {s.T for s in grid(spec("glm5_static5_sm120"))} == {5}
 
 
-def test_without_measurements_the_model_is_the_floor_and_says_so(glm5, tmp_path):
-    rows, files = model(glm5, "sm_120", tmp_path)
-    assert files == []
-    assert all(m.us == m.floor.us and m.source == NO_MEASUREMENT for m in rows)
-    assert all(m.row()["kind"] == "model" for m in rows)
+def test_calibration_file_holds_the_fit_and_its_validation():
+    data = json.loads(model.CALIBRATION_FILE.read_text())
+    assert Calibration(**data["calibration"]) == model.calibration()
+    assert data["validation"]["pairs"] >= 9 and data["validation"]["max_abs_error_pct"] <= 20
+    assert f"{data['validation']['pairs']} H200 measurements" in model.validation()
 
 
-def test_model_divides_the_floor_by_the_newest_h200_efficiency_of_the_same_plan(glm5, tmp_path):
-    a, b, c = grid(glm5)[:3]
-    (tmp_path / "glm5_sm120-20260101-000000.json").write_text(json.dumps(
-        [_row(a, 99.0, 10.0), _row(b, 30.0, 20.0)]))  # a bare list of rows
-    (tmp_path / "glm5_sm120-20260201-000000-p64.json").write_text(json.dumps({"rows": [  # kgen bench's object
-        _row(a, 50.0, 40.0),
-        _row(c, 1.0, 90.0, spec="glm5_sm120_h8_n256_p1"),  # another plan (a derived spec): ignored
-        {**_row(c, 1.0, 90.0), "mode": "decode"},  # decode rows are not verify shapes: ignored
-        {**_row(c, None, None), "notes": ["skipped: out of memory"]},  # not timed: ignored
-    ]}))
-    (tmp_path / "glm5_sm120_other-20270101-000000.json").write_text("not json")  # another spec's file
-    rows, files = model(glm5, "sm_120", tmp_path)
-    assert [f.name for f in files] == ["glm5_sm120-20260101-000000.json", "glm5_sm120-20260201-000000-p64.json"]
-    ma, mb, mc = rows[:3]
-    assert ma.efficiency == pytest.approx(0.4) and ma.us == pytest.approx(ma.floor.us / 0.4)  # newest file wins
-    assert "40.0% of floor" in ma.source and "20260201" in ma.source and ma.measured_us == 50.0
-    assert mb.efficiency == pytest.approx(0.2) and "20260101" in mb.source  # only in the older file
-    assert all(m.source == NO_MEASUREMENT and m.efficiency == 1.0 for m in [mc, *rows[3:]])
-
-
-def test_malformed_bench_result_is_a_clear_error(glm5, tmp_path):
-    (tmp_path / "glm5_sm120.json").write_text(json.dumps([{"spec": "glm5_sm120", "H": 8, "us": "fast"}]))
-    with pytest.raises(BenchResultError, match=r"row 0: missing or mistyped T, L, B, page_size, us"):
-        model(glm5, "sm_120", tmp_path)
-
-
-def test_show_prints_the_model_labelled_with_its_efficiency(glm5, tmp_path, monkeypatch):
+def test_show_prints_the_model_with_its_binding_resource_and_validation(tmp_path, monkeypatch):
     monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
-    results = tmp_path / "results"
-    results.mkdir()
-    shape = Shape(8, 16, 131072, 1, 1)
-    (results / "glm5_sm120.json").write_text(json.dumps([_row(shape, 80.0, 72.5)]))
-    out = CliRunner().invoke(app, ["show", str(SPEC_DIR / "glm5_sm120.yaml"), "--results", str(results)])
+    out = CliRunner().invoke(app, ["show", str(SPEC_DIR / "glm5_sm120.yaml")])
     assert out.exit_code == 0, out.output
     assert "MODEL, not a measurement" in out.stdout and "(model)" in out.stdout
-    assert "1 of 18 shapes measured" in out.stdout
-    assert "72.5% of floor" in out.stdout and NO_MEASUREMENT in out.stdout
+    assert model.validation().split(";")[0] in " ".join(out.stdout.split())
+    assert "binding" in out.stdout and "tensor" in out.stdout
     assert "registers+smem" in out.stdout  # occupancy and its limit, next to the ptxas report
+
+
+def test_model_table_fits_and_writes_the_validation(tmp_path, monkeypatch):
+    from bench import model_table
+
+    measured = tmp_path / "m.json"
+    rows = [{"variant": "sm120_plan", "spec_path": "specs/glm5_sm120.yaml", "plan_for": "sm_120", "tiles": None,
+             "shape": "compute", "H": 8, "T": 16, "L": 131072, "B": 1, "page_size": 1, "us": 193.2},
+            {"variant": "bn16", "spec_path": "specs/glm5_sm120.yaml", "plan_for": "sm_120", "tiles": [32, 16, 2, 4, 1],
+             "shape": "memory", "H": 8, "T": 1, "L": 131072, "B": 1, "page_size": 1, "us": 90.0}]
+    measured.write_text(json.dumps({"rows": rows}))
+    doc = tmp_path / "performance_model.md"
+    doc.write_text(f"intro\n{model_table.BEGIN}\nold\n{model_table.END}\noutro\n")
+    monkeypatch.setattr(model_table, "DOCS", doc)
+    monkeypatch.setattr(model_table, "OUT", tmp_path / "validation.json")
+    monkeypatch.setattr(model_table, "SM120_SPECS", ("glm5_sm120",))
+    monkeypatch.setattr(model, "CALIBRATION_FILE", tmp_path / "calibration.json")
+    (tmp_path / "calibration.json").write_text(json.dumps({"calibration": vars(CAL), "validation": {}}))
+    model.calibration.cache_clear()
+    try:
+        assert model_table.main([str(measured), "--fit"]) == 0
+        result = json.loads((tmp_path / "validation.json").read_text())
+        assert result["validation"]["pairs"] == 2 and {r["class"] for r in result["pairs"]} == {"compute", "memory"}
+        assert json.loads((tmp_path / "calibration.json").read_text())["validation"] == result["validation"]
+        text = doc.read_text()
+        assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+        assert "Predicted sm_120 times (MODEL" in text and "| bn16 | memory |" in text
+    finally:
+        model.calibration.cache_clear()
 
 
 @pytest.mark.parametrize("arch, threads, regs, smem, ctas, limit", [

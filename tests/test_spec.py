@@ -54,7 +54,10 @@ def test_shipped_specs_load(path):
     (with_("tree.max_nodes", 2048), "tree.max_nodes", "less than or equal to 1024"),
     (with_("model.softmax_scale", -1.0), "model.softmax_scale", "greater than 0"),
     (with_("cache.kv_dtype", "float16"), "cache.kv_dtype", "bfloat16"),
-    (with_("model.kv_lora_rank", 192, with_("cache.kv_dtype", "float8_e4m3fn")), "cache.kv_dtype", "multiple of 128"),
+    (with_("model.kv_lora_rank", 192, with_("cache", {"page_size": 1, "kv_dtype": "float8_e4m3fn", "mma": "e4m3"})),
+     "cache.mma", "multiple of 128"),
+    (with_("cache.mma", "e4m3"), "cache.mma", "a bfloat16 cache always runs bf16 MMAs"),
+    (with_("cache", {"page_size": 1, "kv_dtype": "float8_e4m3fn", "mma": "bf16"}), "cache.mma", "16-bit mode is f16"),
 ])
 def test_bad_spec_names_the_field(data, field, words):
     with pytest.raises(SpecError) as e:
@@ -62,6 +65,13 @@ def test_bad_spec_names_the_field(data, field, words):
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith(f"bad.yaml: {field}") and words in msg, msg
+
+
+def test_fp8_mma_precision_defaults_to_f16():
+    fp8 = with_("cache", {"page_size": 1, "kv_dtype": "float8_e4m3fn"})
+    assert parse_spec(fp8).cache.mma_type == "f16"
+    assert parse_spec(with_("cache.mma", "e4m3", fp8)).cache.mma_type == "e4m3"
+    assert parse_spec(base()).cache.mma_type == "bf16"
 
 
 def test_static_tree_sets_nodes():

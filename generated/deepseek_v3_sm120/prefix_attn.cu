@@ -4,13 +4,13 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, 8>;
+using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, 8>;
 static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__4070cda784fa(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__6c06684634fa(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -4,13 +4,13 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, 8>;
-static_assert(Cfg::SMEM_BYTES == 98120, "plan and kernel disagree on shared memory");
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, false, 8>;
+static_assert(Cfg::SMEM_BYTES == 99144, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3_t64_sm120__d941ad84cfe2(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__99d9865b0671(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

@@ -5,8 +5,8 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, 8>;
-static_assert(Cfg::SMEM_BYTES == 98120, "plan and kernel disagree on shared memory");
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, false, 8>;
+static_assert(Cfg::SMEM_BYTES == 99144, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
@@ -18,7 +18,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3_t64_sm120__194bc5789800(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3f16_t64_sm120__89a375661789(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ k_tree,
     float kv_scale,

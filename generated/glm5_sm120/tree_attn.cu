@@ -5,7 +5,7 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, 8>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, 8>;
 static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
@@ -18,7 +18,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__c3f33b6869a1(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__35ddfd28c992(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

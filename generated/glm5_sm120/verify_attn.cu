@@ -4,7 +4,7 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, 8>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, 8>;
 static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
@@ -17,7 +17,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_t64_sm120__8611f07cd8f9(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_t64_sm120__c52217c381f2(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -1,0 +1,63 @@
+"""fp8 e4m3 KV in both MMA precisions (DESIGN §6, docs/fp8.md) on the GPU, at query magnitudes
+where the softmax is peaky: against the float64 reference on the dequantized cache.
+
+- f16 (the default): K/V are converted exactly and Q and P are f16, so only the cache's own
+  rounding remains: DESIGN §6's bf16 tolerances at |q| up to 8, and no NaN up to 1000.
+Past |q| ~ 8 the logits reach ~1e3 and their fp32 rounding alone is ~1e-4 of them, so lse is held
+to 1e-2 * (|ref| + 1) there (still far below what a saturated value would cost).
+- e4m3: Q is rounded to e4m3 per (token, head) row. Against a reference that rounds Q the same way
+  (kgen.fp8.e4m3_rows), what is left is P's rounding: no value of Q saturates and nothing is NaN,
+  up to |q| = 1000. The error against the unrounded Q is the table in docs/fp8.md
+  (python -m bench.fp8_error).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from kgen import fp8
+from kgen.testing import FP8_O_TOL, Dims, assert_close_attention, make_verify_inputs
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [([16], [131072]), ([16, 3, 64], [4097, 0, 1000]), ([1] * 8, [3000] * 8)]  # tree sizes, prefix lengths
+
+
+def lse_tol(q_scale: float) -> float:
+    return 1e-3 if q_scale <= 8 else 1e-2
+
+
+def inputs(mod, cuda, seed, sizes, lens, q_scale):
+    g = torch.Generator(cuda).manual_seed(seed)
+    inp = make_verify_inputs(Dims.of(mod.spec), sizes, lens, device=cuda, generator=g)
+    return replace(inp, q=(inp.q.float() * q_scale).bfloat16())
+
+
+def run_all(mod, inp, ref_inp, what, **tol):
+    for op, args, ref in (("verify_attention", inp.verify_args(), ref_inp.verify_ref),
+                          ("prefix_attention", inp.prefix_args(), ref_inp.prefix_ref),
+                          ("tree_attention", inp.tree_args(), ref_inp.tree_ref)):
+        o, lse = getattr(mod, op)(*args, **inp.kv_kwargs)
+        assert_close_attention(o, lse, *ref(), **tol, what=f"{what}: {op}")
+
+
+@pytest.mark.parametrize("q_scale", [1, 2, 4, 8, 1000])
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_f16_mode_leaves_only_the_cache_rounding(module_for, cuda, seed, q_scale, shape):
+    mod = module_for("glm5_fp8_sm120")
+    assert mod.spec.cache.mma_type == "f16"
+    inp = inputs(mod, cuda, seed, *SHAPES[shape], q_scale)
+    run_all(mod, inp, inp, f"f16 |q| x{q_scale} {SHAPES[shape]}", lse_tol=lse_tol(q_scale))  # DESIGN §6
+
+
+@pytest.mark.parametrize("q_scale", [1, 8, 100, 1000])
+@pytest.mark.parametrize("shape", range(len(SHAPES)))
+def test_e4m3_mode_rounds_q_per_row_and_never_saturates(module_for, cuda, seed, q_scale, shape):
+    mod = module_for("glm5_fp8_mma_e4m3_sm120")
+    inp = inputs(mod, cuda, seed, *SHAPES[shape], q_scale)
+    rounded = replace(inp, q=fp8.e4m3_rows(inp.q))  # the logits the kernel computes, up to fp32 sums
+    run_all(mod, inp, rounded, f"e4m3 |q| x{q_scale} {SHAPES[shape]}", o_tol=FP8_O_TOL,
+            lse_tol=lse_tol(q_scale))
