@@ -6,8 +6,11 @@ where the softmax is peaky: against the float64 reference on the dequantized cac
 Past |q| ~ 8 the logits reach ~1e3 and their fp32 rounding alone is ~1e-4 of them, so lse is held
 to 1e-2 * (|ref| + 1) there (still far below what a saturated value would cost).
 - e4m3: Q is rounded to e4m3 per (token, head) row. Against a reference that rounds Q the same way
-  (kgen.fp8.e4m3_rows), what is left is P's rounding: no value of Q saturates and nothing is NaN,
-  up to |q| = 1000. The error against the unrounded Q is the table in docs/fp8.md
+  (kgen.fp8.e4m3_rows), what is left is P's rounding: no value saturates (every o stays within the
+  values' range, as a convex combination must) and nothing is NaN, up to |q| = 1000. P in e4m3 has
+  3 mantissa bits: measured on the H200 (2026-11-30) the whole-output error reaches 0.14 and single
+  peaky rows more than 1 (the rounding moves weight between near-equal top keys), so the accuracy
+  bounds here only catch garbage; the error against the unrounded Q is the table in docs/fp8.md
   (python -m bench.fp8_error).
 """
 
@@ -19,11 +22,12 @@ import pytest
 import torch
 
 from kgen import fp8
-from kgen.testing import FP8_O_TOL, Dims, assert_close_attention, make_verify_inputs
+from kgen.testing import Dims, assert_close_attention, make_verify_inputs
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = [([16], [131072]), ([16, 3, 64], [4097, 0, 1000]), ([1] * 8, [3000] * 8)]  # tree sizes, prefix lengths
+E4M3_O_TOL, E4M3_LSE_TOL, E4M3_ROW_TOL = 0.25, 0.2, 2.0  # garbage bounds for e4m3 P (see above)
 
 
 def lse_tol(q_scale: float) -> float:
@@ -37,11 +41,15 @@ def inputs(mod, cuda, seed, sizes, lens, q_scale):
 
 
 def run_all(mod, inp, ref_inp, what, **tol):
+    # Every o is a convex combination of value rows: bounded by the largest stored value.
+    values = torch.cat([fp8.dequantize(inp.kv_cache, inp.kv_scale).nan_to_num(0), inp.ref_k_tree.double()])
+    v_max = values[..., :inp.value_dim].abs().max().item()
     for op, args, ref in (("verify_attention", inp.verify_args(), ref_inp.verify_ref),
                           ("prefix_attention", inp.prefix_args(), ref_inp.prefix_ref),
                           ("tree_attention", inp.tree_args(), ref_inp.tree_ref)):
         o, lse = getattr(mod, op)(*args, **inp.kv_kwargs)
         assert_close_attention(o, lse, *ref(), **tol, what=f"{what}: {op}")
+        assert o.float().abs().max().item() <= v_max * 1.01, f"{what}: {op} saturates: |o| beyond the values' range"
 
 
 @pytest.mark.parametrize("q_scale", [1, 2, 4, 8, 1000])
@@ -59,5 +67,5 @@ def test_e4m3_mode_rounds_q_per_row_and_never_saturates(module_for, cuda, seed, 
     mod = module_for("glm5_fp8_mma_e4m3_sm120")
     inp = inputs(mod, cuda, seed, *SHAPES[shape], q_scale)
     rounded = replace(inp, q=fp8.e4m3_rows(inp.q))  # the logits the kernel computes, up to fp32 sums
-    run_all(mod, inp, rounded, f"e4m3 |q| x{q_scale} {SHAPES[shape]}", o_tol=FP8_O_TOL,
-            lse_tol=lse_tol(q_scale))
+    run_all(mod, inp, rounded, f"e4m3 |q| x{q_scale} {SHAPES[shape]}", o_tol=E4M3_O_TOL, lse_tol=E4M3_LSE_TOL,
+            row_tol=E4M3_ROW_TOL)
