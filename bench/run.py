@@ -290,8 +290,10 @@ def _progress(r: dict) -> str:
 
 def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=HEADS, trees=TREES,
         contexts=CONTEXTS, batches=BATCHES, decode: bool = True, graph: bool = True, triton: bool = True,
-        sets: int | None = None, time_limit: float | None = None, out_dir: Path = RESULTS) -> int:
-    """Run the benchmark; returns the process exit code (1 if the cross-check fails)."""
+        sets: int | None = None, time_limit: float | None = None, out_dir: Path = RESULTS,
+        plan_arch: str | None = None) -> int:
+    """Run the benchmark; returns the process exit code (1 if the cross-check fails). plan_arch:
+    run that arch's plan (e.g. sm_120 on an H200) instead of the GPU's own."""
     from rich.console import Console
 
     import kgen
@@ -339,13 +341,15 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # <spec>-<time>[-p64][-quick]: names sort by time, as kgen/model.py's results_file expects
-    stem = f"{base.name}-{stamp}{'' if page == base.cache.page_size else f'-p{page}'}{'-quick' if quick else ''}"
+    plan_tag = f"-{plan_arch.replace('_', '')}plan" if plan_arch else ""
+    stem = (f"{base.name}-{stamp}{'' if page == base.cache.page_size else f'-p{page}'}{plan_tag}"
+            f"{'-quick' if quick else ''}")
     json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
     result = dict(spec=base.name, spec_path=str(spec_path), device=props.name, sm_count=props.multi_processor_count,
                   timestamp=stamp, torch=torch.__version__, python=platform.python_version(), kgen=kgen.__version__,
                   timing="cuda-graph replay over rotated input sets" if graph else "eager over rotated input sets",
                   triton_baseline=triton_from, triton_note=triton_note, ceilings=ceilings.as_dict(),
-                  cross_check=[], rows=[], skipped=[])
+                  plan_arch=plan_arch, cross_check=[], rows=[], skipped=[])
 
     def save():
         json_path.write_text(json.dumps(result, indent=1))
@@ -355,8 +359,11 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
     def module(spec):
         if spec.name not in modules:
             t0 = time.perf_counter()
-            modules[spec.name] = kgen.jit(spec)
-            console.print(f"jit {spec.name}: {time.perf_counter() - t0:.1f} s", highlight=False)
+            mod = modules[spec.name] = kgen.jit(spec, arch=plan_arch)
+            result.setdefault("plans", {})[spec.name] = {"arch": mod.plan.arch.name, "design": mod.plan.tiles.design,
+                                                         "tuned": str(mod.table.path) if mod.table else None}
+            console.print(f"jit {spec.name}: {time.perf_counter() - t0:.1f} s, plan for {mod.plan.arch.name} "
+                          f"({mod.plan.tiles.design}{', tuned table' if mod.table else ''})", highlight=False)
         return modules[spec.name]
 
     ok = True
@@ -430,6 +437,7 @@ def parser() -> argparse.ArgumentParser:
                    f"{L2_ROTATIONS}x the L2 size, 2..{MAX_SETS})")
     p.add_argument("--time-limit", type=float, default=None, help="start no new shape after this many seconds")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
+    p.add_argument("--plan-arch", default=None, help="run this arch's plan (e.g. sm_120 on an H200) instead of the GPU's own")
     return p
 
 
@@ -438,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(a.spec, quick=a.quick, page_size=a.page_size, heads=a.heads, trees=a.trees, contexts=a.contexts,
                    batches=a.batches, decode=a.decode, graph=a.graph, triton=a.triton, sets=a.sets,
-                   time_limit=a.time_limit, out_dir=a.out)
+                   time_limit=a.time_limit, out_dir=a.out, plan_arch=a.plan_arch)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
