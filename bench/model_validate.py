@@ -101,7 +101,7 @@ def check(mod, gen) -> None:
 def time_shape(mod, shape, gen) -> tuple[float, int]:
     import torch
 
-    from .timing import time_rotation
+    from kgen.timing import time_rotation
 
     h, t, length, b = shape
     assert h == mod.spec.model.num_q_heads, (h, mod.spec.name)

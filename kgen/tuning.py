@@ -25,7 +25,8 @@ from . import __version__
 from .arch import Arch
 from .cache import cache_root
 from .errors import KgenError
-from .plan import AttentionTiles, Tiles, WgmmaTiles
+from .errors import PlanError
+from .plan import AttentionTiles, Tiles, WgmmaTiles, plan
 from .spec import Spec
 
 SCHEMA = 1
@@ -92,11 +93,18 @@ def parse_tiles(text: str) -> Tiles:
 
 
 def candidates(spec: Spec, arch: Arch) -> list[Tiles]:
-    """The tilings `kgen tune` tries on `arch` (plan() still checks each against its budgets)."""
-    out: list[Tiles] = []
+    """The tilings `kgen tune` tries on `arch`: each loop design at a shallow and a deep ring,
+    those that fit the arch's budgets."""
+    tried: list[Tiles] = [AttentionTiles(32, 32, 2, s) for s in (2, 4)]
     if arch.wgmma and spec.cache.kv_dtype == "bfloat16":
-        out += [WgmmaTiles(stages=s) for s in (3, 4, 5)]
-    out += [AttentionTiles(32, 32, 2, s) for s in (2, 3, 4)]
+        tried = [WgmmaTiles(stages=s) for s in (3, 4)] + tried
+    out = []
+    for t in tried:
+        try:
+            plan(spec, arch, tiles=t)
+        except PlanError:
+            continue
+        out.append(t)
     return out
 
 
