@@ -105,7 +105,9 @@ def time_shape(mod, shape, gen) -> tuple[float, int]:
 
     h, t, length, b = shape
     assert h == mod.spec.model.num_q_heads, (h, mod.spec.name)
-    kv = b * length * mod.spec.model.head_dim * (1 if mod.kv_fp8 else 2)
+    from kgen.plan import KV_BYTES
+
+    kv = b * length * mod.spec.model.head_dim * KV_BYTES[mod.spec.cache.kv_dtype]
     sets = int(max(2, min(16, math.ceil(4 * L2_BYTES / kv), MAX_SET_BYTES // max(kv, 1))))
     xs = inputs(mod, shape, sets, gen)
     us = time_rotation([one_call(mod, x, t == 1) for x in xs])
