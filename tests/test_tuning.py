@@ -1,0 +1,125 @@
+"""Tuned tables on the CPU: bucketing, keying (spec digest, arch, kgen version), loading (the user's
+before a shipped one), the re-run rule, and the fallback to the heuristic plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kgen
+from kgen import tuning
+from kgen.arch import get_arch
+from kgen.plan import AttentionTiles, WgmmaTiles, choose_attention_tiles
+from kgen.spec import parse_spec
+from kgen.tuning import Bucket, Choice, Table, TuningError, decide, find_table, parse_tiles, tiles_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def spec():
+    return kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml")
+
+
+@pytest.fixture
+def user_tables(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path))
+    return tmp_path / "tuned"
+
+
+def table(spec, arch="sm_90", **choices) -> Table:
+    return Table(spec.name, tuning.spec_digest(spec), arch, kgen.__version__, "test GPU",
+                 {k: Choice(parse_tiles(t), 1.0, 2.0, 0.01) for k, t in choices.items()})
+
+
+@pytest.mark.parametrize("tokens, batch, context, key", [
+    (1, 1, 131072, "decode/1/long"), (32, 32, 32 * 4096, "decode/9+/short"), (16, 1, 8192, "small/1/short"),
+    (17, 1, 8193, "mid/1/long"), (8 * 64, 8, 8 * 32768, "mid/2-8/long"), (9 * 65, 9, 0, "large/9+/short")])
+def test_a_batch_falls_in_the_bucket_of_what_the_host_knows(tokens, batch, context, key):
+    assert Bucket.of(tokens, batch, context).key == key
+
+
+def test_every_bucket_has_a_representative_shape_within_the_tree(spec):
+    keys = [b.key for b in tuning.buckets()]
+    assert len(keys) == len(set(keys)) == 24
+    for b in tuning.buckets():
+        t, batch, length = tuning.shape_of(b, spec.tree.nodes)
+        assert 1 <= t <= spec.tree.nodes and Bucket.of(t * batch, batch, length * batch).batch == b.batch
+
+
+def test_tiles_text_round_trips_and_bad_text_names_the_forms():
+    for t in (WgmmaTiles(), WgmmaTiles(stages=3), AttentionTiles(32, 32, 2, 4, 1)):
+        assert parse_tiles(tiles_text(t)) == t
+    with pytest.raises(TuningError, match="wgmma:BN,STAGES,MIN_BLOCKS"):
+        parse_tiles("wgmma:32")
+
+
+def test_candidates_fit_the_arch(spec):
+    sm90 = tuning.candidates(spec, get_arch("sm_90"))
+    assert WgmmaTiles(stages=4) in sm90 and AttentionTiles(32, 32, 2, 4, 1) in sm90
+    sm120 = tuning.candidates(spec, get_arch("sm_120"))  # 99 KB: the 2-stage mma.sync loop only
+    assert sm120 == [AttentionTiles(32, 32, 2, 2, 1)]
+
+
+def test_a_rerun_changes_a_choice_only_past_the_noise():
+    times = {"a": 100.0, "b": 98.5, "c": 99.0}
+    assert decide(times, incumbent="a", noise=0.001) == "a"  # 1.5% < MIN_GAIN
+    assert decide({**times, "b": 90.0}, incumbent="a", noise=0.001) == "b"
+    assert decide({**times, "b": 90.0}, incumbent="a", noise=0.2) == "a"  # within a noisy machine's spread
+    assert decide(times, incumbent="gone", noise=0.0) == "b"  # an incumbent no longer tried
+
+
+def test_tables_are_keyed_by_spec_content_arch_and_version(spec, user_tables):
+    t = table(spec, **{"small/1/short": "mma_sync:32,32,2,4,1"})
+    t.save(user_tables / tuning.table_name(spec, "sm_90"))
+    assert find_table(spec, "sm_90").tiles_for(Bucket("small", "1", "short")) == AttentionTiles(32, 32, 2, 4, 1)
+    assert find_table(spec, "sm_90").tiles_for(Bucket("mid", "1", "long")) is None  # heuristic there
+    assert find_table(spec, "sm_120") is None
+    other = parse_spec({**spec.model_dump(), "model": {**spec.model.model_dump(), "softmax_scale": 0.07}})
+    assert other.name == spec.name and find_table(other, "sm_90") is None  # same name, other content
+
+
+def test_a_table_of_another_kgen_version_is_ignored(spec, user_tables):
+    path = table(spec).save(user_tables / tuning.table_name(spec, "sm_90"))
+    data = json.loads(path.read_text())
+    data["kgen_version"] = "0.0.1"
+    path.write_text(json.dumps(data))
+    assert find_table(spec, "sm_90").path.parent == tuning.SHIPPED_DIR  # the stale one is passed over
+
+
+def test_the_users_table_comes_before_the_shipped_one(spec, user_tables):
+    shipped = find_table(spec, "sm_90")
+    assert shipped is not None and shipped.path.parent == tuning.SHIPPED_DIR  # kgen tune on the H200
+    assert len(shipped.choices) == 24
+    mine = table(spec, **{"mid/1/long": "mma_sync:32,32,2,2,1"})
+    mine.save(user_tables / tuning.table_name(spec, "sm_90"))
+    assert find_table(spec, "sm_90").path.parent == user_tables
+
+
+def test_a_corrupt_table_is_an_error_that_names_it(spec, user_tables):
+    path = user_tables / tuning.table_name(spec, "sm_90")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(TuningError, match=str(path)):
+        find_table(spec, "sm_90")
+
+
+def test_a_module_runs_the_bucket_choice_else_the_heuristic(spec, user_tables):
+    """Module.plan_for without a GPU: a Module shell with the table's plans (no kernels loaded)."""
+    from kgen.ops import Module
+    from kgen.plan import plan
+
+    arch = get_arch("sm_90")
+    mod = Module.__new__(Module)
+    mod.plan = plan(spec, arch)
+    mod.table = table(spec, **{"decode/9+/long": "mma_sync:32,32,2,4,1"})
+    mod.plans = {tiles_text(mod.plan.tiles): mod.plan}
+    for c in mod.table.choices.values():
+        mod.plans[tiles_text(c.tiles)] = plan(spec, arch, tiles=c.tiles)
+    mod._kernels = {text: {} for text in mod.plans}
+    assert mod.plan_for(32, 32, 32 * 32768)[0].tiles == AttentionTiles(32, 32, 2, 4, 1)
+    assert mod.plan_for(16, 1, 131072)[0].tiles == choose_attention_tiles(spec, arch) == WgmmaTiles()
+    mod.table = None
+    assert mod.plan_for(32, 32, 32 * 32768)[0] is mod.plan
