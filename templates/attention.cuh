@@ -96,14 +96,6 @@ template <class C>
 __device__ __forceinline__ bool is_producer() { return threadIdx.x >= C::CONSUMERS; }
 
 template <class C>
-__device__ __forceinline__ mbarrier* ring_full(char* smem, int stage) {
-    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + stage;
-}
-template <class C>
-__device__ __forceinline__ mbarrier* ring_empty(char* smem, int stage) {
-    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + C::STAGES + stage;
-}
-template <class C>
 __device__ __forceinline__ mbarrier* q_full(char* smem) {
     return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + 2 * C::STAGES;
 }

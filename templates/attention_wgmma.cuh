@@ -63,16 +63,8 @@ struct WgmmaAttnConfig {
     static_assert(Q_SMEM_DIM0 % 64 == 0 && Q_SMEM_DIM0 < D, "Q's smem part is whole column blocks");
 };
 
-// Ring barriers: "full" completes when every producer thread's copies of a stage landed,
-// "empty" when every consumer warp is done reading it.
-template <class C>
-__device__ __forceinline__ mbarrier* wg_full(char* smem, int stage) {
-    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + stage;
-}
-template <class C>
-__device__ __forceinline__ mbarrier* wg_empty(char* smem, int stage) {
-    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + C::STAGES + stage;
-}
+// The ring's barriers (rows.cuh): "full" completes when every producer thread's copies of a stage
+// landed (128 arrivals), "empty" when every consumer warp is done reading it (8 arrivals).
 
 // Producer thread p (of 128) stages 16-byte chunks sub, sub + ROW_THREADS, ... of row p / ROW_THREADS
 // of every tile of the range, as soon as the consumers free a stage.
@@ -86,7 +78,7 @@ __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys
         const PendingRow cur = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, row, num_keys, keys);
         const int stage = ring_pos % C::STAGES, fill = ring_pos / C::STAGES;
-        if (fill > 0) mbar_wait(wg_empty<C>(smem, stage), (fill - 1) & 1);
+        if (fill > 0) mbar_wait(ring_empty<C>(smem, stage), (fill - 1) & 1);
         const char* src = keys.row(cur.j, cur.fetched);
         char* dst = smem + stage * C::STAGE_BYTES;
 #pragma unroll
@@ -94,7 +86,7 @@ __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys
             const int chunk = sub + i * C::ROW_THREADS;
             cp_async16(dst + (chunk / 8) * C::SLAB + sw128_offset(row, chunk % 8), src + chunk * 16);
         }
-        cp_async_arrive(wg_full<C>(smem, stage));
+        cp_async_arrive(ring_full<C>(smem, stage));
     }
 }
 
@@ -175,7 +167,7 @@ template <class C>
 __device__ __forceinline__ void wg_issue_qk(char* smem, const WgConsumer<C>& st, const WgDescs& d, int pos,
                                             float (&s)[16]) {
     const int stage = pos % C::STAGES;
-    mbar_wait(wg_full<C>(smem, stage), (pos / C::STAGES) & 1);
+    mbar_wait(ring_full<C>(smem, stage), (pos / C::STAGES) & 1);
     fence_async_shared();
     const unsigned long long k_desc = desc_add(d.k, stage * C::STAGE_BYTES);
     wgmma_fence();
@@ -305,12 +297,12 @@ __device__ __forceinline__ void wg_consume(char* smem, WgConsumer<C>& st, int& r
         wgmma_wait<1>();  // QK of this tile is done; P·V of the last one may run on
         wg_softmax<C>(smem, st, pos, tile, s, alpha, num_keys, visible, scale_log2);
         wgmma_wait<0>();
-        wg_release(wg_empty<C>(smem, (pos - 1) % C::STAGES));
+        wg_release(ring_empty<C>(smem, (pos - 1) % C::STAGES));
         wg_rescale_and_pack<C>(st, s, alpha, pf);
     }
     wg_issue_pv<C>(st, d, pos0 + tile_end - 1, pf);
     wgmma_wait<0>();
-    wg_release(wg_empty<C>(smem, (pos0 + tile_end - 1) % C::STAGES));
+    wg_release(ring_empty<C>(smem, (pos0 + tile_end - 1) % C::STAGES));
     ring_pos = pos0 + tile_end;
 }
 
@@ -346,8 +338,8 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
     if (threadIdx.x == 0) {
         for (int s = 0; s < C::STAGES; ++s) {
-            mbar_init(wg_full<C>(smem, s), 128);
-            mbar_init(wg_empty<C>(smem, s), C::CONSUMER_WARPS);
+            mbar_init(ring_full<C>(smem, s), 128);
+            mbar_init(ring_empty<C>(smem, s), C::CONSUMER_WARPS);
         }
         mbar_init_fence();
     }

@@ -78,6 +78,17 @@ struct TreeVisible {
     }
 };
 
+// A loop design's KV ring: STAGES "full" mbarriers (the stage's copies landed) then STAGES
+// "empty" ones (its consumers are done with it), from C::BAR_OFF of shared memory.
+template <class C>
+__device__ __forceinline__ mbarrier* ring_full(char* smem, int stage) {
+    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + stage;
+}
+template <class C>
+__device__ __forceinline__ mbarrier* ring_empty(char* smem, int stage) {
+    return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + C::STAGES + stage;
+}
+
 // Key tiles [tile_begin, tile_end) of a range of num_keys keys, and who sees them.
 template <class Keys, class Visible>
 struct KeyRange {
