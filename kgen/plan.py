@@ -228,92 +228,122 @@ def _attention_constants(spec: Spec, t: Tiles) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class PlanContext:
+    """What every kernel entry plans from: the spec, the arch, the attention tiling, the id tag."""
+
+    spec: Spec
+    arch: Arch
+    tiles: Tiles
+    tag: str
+
+    @property
+    def attention_smem(self) -> int:
+        return attention_smem_bytes(self.spec, self.tiles)
+
+    @property
+    def tree_constants(self) -> dict[str, object]:
+        tree = self.spec.tree
+        consts: dict[str, object] = {"MASK_WORDS": tree.mask_words, "STATIC_TREE": int(tree.is_static)}
+        if tree.is_static:
+            from .mask import static_mask_words  # local: plan -> mask is only needed for static trees
+            consts["STATIC_MASK"] = static_mask_words(tree.parents)
+        return consts
+
+    def attention(self, name: str, template: str, constants: dict[str, object], params: tuple[str, ...]) -> Variant:
+        """An attention variant: the tiling's threads, shared memory, features and SASS expectations."""
+        t = self.tiles
+        return Variant(kernel="tree_attn" if name == "tree_attn" else "prefix_attn", name=name, template=template,
+                       threads=t.threads, smem_bytes=self.attention_smem, min_blocks=t.min_blocks,
+                       constants={**_attention_constants(self.spec, t), **constants}, params=_params(*params),
+                       tag=self.tag, requires=t.requires, sass_expect=t.sass_expect)
+
+
+# ---- the kernels: one entry each (template, typed parameters, constants, launch shape) ----------
+
+# Every attention CTA finds its own split-KV work item (templates/schedule.cuh).
+SCHEDULE_PARAMS = ("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens", "int batch",
+                   "int target_ctas", "int min_split_tiles", "int min_splits", "int max_nodes", "int total_tokens",
+                   "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta")
+
+
+def _lse_merge(c: PlanContext) -> list[Variant]:
+    """merge_states of bf16 or fp32 states (templates/merge.cuh)."""
+    return [Variant(kernel="lse_merge", name=f"lse_merge_{dtype}", template="lse_merge.cu.j2",
+                    threads=256, smem_bytes=0, min_blocks=4, constants={"T": ctype, "VEC": 8},
+                    params=_params(f"const {ctype}* __restrict__ o_a", "const float* __restrict__ lse_a",
+                                   f"const {ctype}* __restrict__ o_b", "const float* __restrict__ lse_b",
+                                   f"{ctype}* __restrict__ o", "float* __restrict__ lse", "long long rows",
+                                   "int width"),
+                    tag=c.tag)
+            for dtype, ctype in (("bf16", BF16), ("f32", "float"))]
+
+
+def _kv_defrag(c: PlanContext) -> list[Variant]:
+    """Moves KV rows between slots in every layer (templates/defrag.cuh)."""
+    return [Variant(kernel="kv_defrag", name="kv_defrag", template="kv_defrag.cu.j2",
+                    threads=256, smem_bytes=0, min_blocks=4, constants={},
+                    params=_params("const long long* __restrict__ layers", "const long long* __restrict__ src",
+                                   "const long long* __restrict__ dst", "const unsigned char* __restrict__ is_dst",
+                                   "uint4* __restrict__ staging", "long long n", "int num_layers", "int row_chunks",
+                                   "int phase"),
+                    tag=c.tag)]
+
+
+def _prefix_attn(c: PlanContext) -> list[Variant]:
+    """prefix_attn and verify_attn (the latter also takes each request's tree in its last split)."""
+    kv = KV_CTYPES[c.spec.cache.kv_dtype]
+    prefix = (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ kv_cache", "float kv_scale",
+              "const int* __restrict__ kv_indptr", "const int* __restrict__ kv_indices", *SCHEDULE_PARAMS,
+              "float* __restrict__ part_o", "float* __restrict__ part_lse", "long long num_slots")
+    tree = (f"const {kv}* __restrict__ k_tree", "const int* __restrict__ tree_mask")
+    return [c.attention(name, "prefix_attn.cu.j2",
+                        {"PAGE_SIZE": c.spec.cache.page_size, "FUSE_TREE": fuse, **(c.tree_constants if fuse else {})},
+                        (*prefix, *(tree if fuse else ())))
+            for name, fuse in (("prefix_attn", False), ("verify_attn", True))]
+
+
+def _tree_attn(c: PlanContext) -> list[Variant]:
+    """A request's tree tokens against each other under the mask."""
+    kv = KV_CTYPES[c.spec.cache.kv_dtype]
+    return [c.attention("tree_attn", "tree_attn.cu.j2", c.tree_constants,
+                        (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ k_tree", "float kv_scale",
+                         "const int* __restrict__ tree_mask", *SCHEDULE_PARAMS, "float* __restrict__ part_o",
+                         "float* __restrict__ part_lse"))]
+
+
+def _lse_combine(c: PlanContext) -> list[Variant]:
+    """Merges an attention call's split partials (BM rows each) into o and lse."""
+    m = c.spec.model
+    return [Variant(kernel="lse_merge", name="lse_combine", template="lse_combine.cu.j2",
+                    threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
+                    constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": c.tiles.bm},
+                    params=_params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
+                                   "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
+                                   "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
+                    tag=c.tag)]
+
+
+# The registry, in the order of a plan's variants (and generated/ manifests). Adding a kernel is an
+# entry here and a template; the ops find its variants by name.
+KERNELS = (_lse_merge, _kv_defrag, _prefix_attn, _tree_attn, _lse_combine)
+
+
 def plan(spec: Spec, arch: str | Arch | None = None, tiles: Tiles | None = None) -> Plan:
     """Plan every kernel of `spec` for `arch` (default: the spec's target). `tiles` overrides the
     attention tiling (for tuning); it is still checked against the arch's limits."""
     arch = get_arch(arch or spec.target.arch) if not isinstance(arch, Arch) else arch
-    tag = _tag(spec, arch)
-    m = spec.model
-    variants: list[Variant] = []
-
-    for dtype, ctype in (("bf16", BF16), ("f32", "float")):
-        variants.append(Variant(
-            kernel="lse_merge", name=f"lse_merge_{dtype}", template="lse_merge.cu.j2",
-            threads=256, smem_bytes=0, min_blocks=4,
-            constants={"T": ctype, "VEC": 8},
-            params=_params(f"const {ctype}* __restrict__ o_a", "const float* __restrict__ lse_a",
-                           f"const {ctype}* __restrict__ o_b", "const float* __restrict__ lse_b",
-                           f"{ctype}* __restrict__ o", "float* __restrict__ lse",
-                           "long long rows", "int width"),
-            tag=tag,
-        ))
-
-    variants.append(Variant(
-        kernel="kv_defrag", name="kv_defrag", template="kv_defrag.cu.j2",
-        threads=256, smem_bytes=0, min_blocks=4,
-        constants={},
-        params=_params("const long long* __restrict__ layers", "const long long* __restrict__ src",
-                       "const long long* __restrict__ dst", "const unsigned char* __restrict__ is_dst",
-                       "uint4* __restrict__ staging", "long long n", "int num_layers",
-                       "int row_chunks", "int phase"),
-        tag=tag,
-    ))
-
     tiles = tiles or choose_attention_tiles(spec, arch)
     missing = [f for f in tiles.requires if f not in arch.features]
     if missing:
         raise PlanError(f"{spec.name}: the {tiles.design} loop needs {', '.join(missing)}, which {arch.name} lacks")
-    smem = attention_smem_bytes(spec, tiles)
-    per_sm = arch.smem_per_sm // (smem + arch.smem_reserved_per_block)
-    if per_sm < tiles.min_blocks:
+    ctx = PlanContext(spec, arch, tiles, _tag(spec, arch))
+    smem = ctx.attention_smem
+    if arch.smem_per_sm // (smem + arch.smem_reserved_per_block) < tiles.min_blocks:
         raise PlanError(f"{spec.name}: {tiles.min_blocks} attention CTAs per SM need "
                         f"{tiles.min_blocks * (smem + arch.smem_reserved_per_block)} B of shared memory; "
                         f"{arch.name} has {arch.smem_per_sm} B per SM")
-    attn = _attention_constants(spec, tiles)
-
-    tree_consts = {"MASK_WORDS": spec.tree.mask_words, "STATIC_TREE": int(spec.tree.is_static)}
-    if spec.tree.is_static:
-        from .mask import static_mask_words  # local: plan -> mask is only needed for static trees
-        tree_consts["STATIC_MASK"] = static_mask_words(spec.tree.parents)
-    kv = KV_CTYPES[spec.cache.kv_dtype]
-    # Every attention CTA finds its own split-KV work item (templates/schedule.cuh).
-    schedule_params = ("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens", "int batch",
-                       "int target_ctas", "int min_split_tiles", "int min_splits", "int max_nodes", "int total_tokens",
-                       "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta")
-    prefix_params = (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ kv_cache", "float kv_scale",
-                     "const int* __restrict__ kv_indptr", "const int* __restrict__ kv_indices", *schedule_params,
-                     "float* __restrict__ part_o", "float* __restrict__ part_lse", "long long num_slots")
-    for name, fuse_tree in (("prefix_attn", False), ("verify_attn", True)):
-        variants.append(Variant(
-            kernel="prefix_attn", name=name, template="prefix_attn.cu.j2",
-            threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
-            constants={**attn, "PAGE_SIZE": spec.cache.page_size, "FUSE_TREE": fuse_tree,
-                       **(tree_consts if fuse_tree else {})},
-            params=_params(*prefix_params, *((f"const {kv}* __restrict__ k_tree",
-                                              "const int* __restrict__ tree_mask") if fuse_tree else ())),
-            tag=tag, requires=tiles.requires, sass_expect=tiles.sass_expect,
-        ))
-
-    variants.append(Variant(
-        kernel="tree_attn", name="tree_attn", template="tree_attn.cu.j2",
-        threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
-        constants={**attn, **tree_consts},
-        params=_params(f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ k_tree", "float kv_scale",
-                       "const int* __restrict__ tree_mask", *schedule_params, "float* __restrict__ part_o",
-                       "float* __restrict__ part_lse"),
-        tag=tag, requires=tiles.requires, sass_expect=tiles.sass_expect,
-    ))
-
-    variants.append(Variant(
-        kernel="lse_merge", name="lse_combine", template="lse_combine.cu.j2",
-        threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
-        constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": tiles.bm},
-        params=_params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
-                       "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
-                       "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
-        tag=tag,
-    ))
-
+    variants = [v for entry in KERNELS for v in entry(ctx)]
     for v in variants:
         if v.smem_bytes > arch.smem_per_block:
             raise PlanError(
