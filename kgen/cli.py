@@ -1,41 +1,66 @@
-"""The kgen command line: build, show, inspect, cache."""
+"""The kgen command line: build, show, inspect, cache, bench."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from . import sass
+from . import __version__, sass
 from .arch import get_arch
 from .build import build, build_variant
 from .cache import KernelCache
 from .errors import KgenError
 from .model import NO_MEASUREMENT, model
 from .plan import plan
-from .render import write_generated
+from .render import render, templates_dir, write_generated
 from .spec import load_spec
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate, compile and cache kgen kernels.")
+app = typer.Typer(add_completion=False, no_args_is_help=True)
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the cubin cache.")
 app.add_typer(cache_app, name="cache")
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 200)  # wide tables keep whole rows in a pipe
+term_console = Console()  # the terminal's width (COLUMNS), 80 when output is not a terminal
+err_console = Console(stderr=True, highlight=False)
+# bench results `kgen show` takes H200 efficiencies from: a wheel ships them inside the package,
+# a checkout has them in bench/results/
+SHIPPED_RESULTS = Path(__file__).resolve().parent / "bench_results"
+CHECKOUT_RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+
+def _say(kind: str, style: str, message: str) -> None:
+    """`kind: message` on stderr; the message is printed as is (no markup)."""
+    err_console.print(Text(f"{kind}: ", style=style) + Text(message), soft_wrap=True)
 
 
 def _fail(e: Exception) -> None:
-    err_console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
-    detail = str(e).splitlines()[1:]
+    first, *detail = str(e).splitlines() or [type(e).__name__]
+    _say("error", "red", first)
     if detail:
-        err_console.print("\n".join(detail), highlight=False, markup=False)
+        err_console.print(Text("\n".join(detail)))
     raise typer.Exit(1)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print kgen's version and exit.")) -> None:
+    """Generate, compile and cache kgen kernels."""
 
 
 @app.command("build")
@@ -44,6 +69,7 @@ def build_cmd(
     arch: Optional[List[str]] = typer.Option(None, "--arch", help="compile for this arch (repeatable); default: the spec's target"),
     out: Path = typer.Option(Path("generated"), "--out", help="where generated/<name>/ is written"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of a table"),
+    wide: bool = typer.Option(False, "--wide", help="also the variant id, occupancy limit, SASS counts and seconds"),
 ) -> None:
     """Render and compile every kernel of SPEC; write sources and a manifest under --out."""
     start = time.perf_counter()
@@ -63,30 +89,44 @@ def build_cmd(
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{spec.name}: {len(rows)} kernels in {time.perf_counter() - start:.2f} s "
-                        f"(plan for {p.arch.name}, sources in {out / spec.name})")
-    left = ("kernel", "arch", "variant id", "limit", "SASS", "status")
-    for col in ("kernel", "arch", "variant id", "regs", "spill B", "smem B", "CTAs/SM", "limit", "SASS",
-                "cubin B", "status", "s"):
-        table.add_column(col, justify="left" if col in left else "right", no_wrap=col in ("SASS", "limit"))
+    title = (f"{spec.name}: {len(rows)} kernels for {', '.join(archs)} in {time.perf_counter() - start:.2f} s, "
+             f"sources in {out / spec.name}")
+    (console if wide else term_console).print(_build_table(rows, title, wide))
+    for b in built:
+        for msg in b.problems():
+            _say("warning", "yellow", f"{b.variant.name} ({b.arch}): {msg}")
+
+
+def _build_table(rows: list[dict], title: str, wide: bool) -> Table:
+    """The build report: at 80 columns every kernel's name, arch, registers, spills, shared memory,
+    CTAs/SM, cubin size and status; --wide adds the rest of the row."""
+    cols = ["kernel", "arch", *(["variant id"] if wide else []), "regs", "spill", "smem", "CTA/SM",
+            *(["limit", "SASS"] if wide else []), "cubin", "status", *(["s"] if wide else [])]
+    table = Table(title=title, caption="spill, smem, cubin: bytes" + ("" if wide else "; --wide for more"),
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("kernel", "arch", "variant id", "limit", "SASS", "status")
+                         else "right", no_wrap=col not in ("variant id", "SASS"))
     for r in rows:
-        table.add_row(r["kernel"], r["arch"], r["variant_id"], str(r["registers"]), str(r["spill_bytes"]),
-                      str(r["smem_bytes"]), str(r["occupancy"]["ctas_per_sm"]), r["limit"], sass.summary(r["sass"]),
-                      str(r["cubin_bytes"]), r["status"], f"{r['seconds']:.2f}")
-    console.print(table)
-    problems = [f"{b.variant.name} ({b.arch}): {msg}" for b in built for msg in b.problems()]
-    for line in problems:
-        err_console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+        cells = {"kernel": r["kernel"], "arch": r["arch"], "variant id": r["variant_id"], "regs": r["registers"],
+                 "spill": r["spill_bytes"], "smem": r["smem_bytes"], "CTA/SM": r["occupancy"]["ctas_per_sm"],
+                 "limit": r["limit"], "SASS": sass.summary(r["sass"]), "cubin": r["cubin_bytes"],
+                 "status": r["status"], "s": f"{r['seconds']:.2f}"}
+        table.add_row(*(str(cells[c]) for c in cols))
+    return table
 
 
 @app.command("show")
 def show_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
-    results: Path = typer.Option(Path("bench/results"), "--results", help="bench results the model takes H200 efficiencies from"),
+    results: Optional[Path] = typer.Option(
+        None, "--results", help="bench results the model takes H200 efficiencies from "
+                                "(default: the results shipped with kgen, or a checkout's bench/results)"),
 ) -> None:
     """Print the plan (tiles, threads, stages, shared-memory budget against the arch limit), each
     kernel's ptxas report, occupancy and SASS counts (built or cached), and the modeled sm_120
     time of the DESIGN §9 grid."""
+    results = results or (SHIPPED_RESULTS if SHIPPED_RESULTS.is_dir() else CHECKOUT_RESULTS)
     try:
         spec = load_spec(spec_path)
         p = plan(spec)
@@ -150,13 +190,37 @@ def inspect_cmd(
         variants = [v for v in p.variants if kernel in (v.name, v.kernel)]
         if not variants:
             raise KgenError(f"{spec.name} has no kernel {kernel!r}; kernels: {', '.join(v.name for v in p.variants)}")
+        cache = KernelCache()
         for v in variants:
-            b = build_variant(v, a.name, KernelCache(), inspect=True)
+            b = build_variant(v, a.name, cache, inspect=True)
             print(f"// {v.variant_id} for {a.name}: {b.report.registers} registers, {b.report.spill_bytes} B spills, "
                   f"{b.occupancy.ctas_per_sm} CTAs/SM (limit: {b.occupancy.limit})\n// {sass.summary(b.sass)}")
-            print(sass.dump(b.cubin, a.name, line_info=line_info))
+            text = sass.dump(b.cubin, a.name, line_info=line_info)
+            print(_existing_line_paths(text, v, cache) if line_info else text)
     except KgenError as e:
         _fail(e)
+
+
+_LINE_FILE = re.compile(r'(//## File ")([^"]*)(")')
+
+
+def _existing_line_paths(text: str, variant, cache: KernelCache) -> str:
+    """nvdisasm's line info names the files as NVRTC saw them (`<name>.cu`, `kgen/<header>.cuh`,
+    under the directory the kernel was first compiled in): point them at files that exist — the
+    rendered source, written next to the cache, and the headers in kgen's templates."""
+    source = cache.root / "sources" / f"{variant.variant_id}.cu"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(render(variant))
+
+    def fix(m: re.Match) -> str:
+        name = Path(m.group(2)).name
+        if name == f"{variant.name}.cu":
+            return f"{m.group(1)}{source}{m.group(3)}"
+        if (templates_dir() / name).is_file():
+            return f"{m.group(1)}{templates_dir() / name}{m.group(3)}"
+        return m.group(0)
+
+    return _LINE_FILE.sub(fix, text)
 
 
 @cache_app.command("info")
