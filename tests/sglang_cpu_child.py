@@ -42,6 +42,43 @@ class RefModule:
                                     *self.args, kv_scale=kv_scale)
         return out.copy_(o), None
 
+    def defrag(self, layers, src, dst):
+        for layer in layers:
+            layer[dst] = layer[src].clone()
+
+
+def defrag_pass(h: Harness, gen: torch.Generator) -> dict:
+    """KGEN_DEFRAG=1 (set by the parent): the hook SGLang applies to ModelRunner.forward, run on a
+    decode batch of two long fragmented requests: their KV moves into contiguous runs, req_to_token
+    follows, the old slots are free again, and attention reads the same values."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from kgen.integrations import sglang_defrag
+
+    runner = h.runner()
+    runner.attn_backend = h.backend("kgen", runner)
+    step = Step(h, [200, 180], 0, gen, within=h.max_bs * h.context_len // 2)  # the upper half stays free
+    step.load(runner)
+    allocator = runner.token_to_kv_pool_allocator
+    used = torch.cat(step.rows)
+    allocator.free_pages = allocator.free_pages[~torch.isin(allocator.free_pages, used)]
+    before = [runner.token_to_kv_pool.get_key_buffer(0)[r[:-1]].clone() for r in step.rows]
+    fb = step.forward_batch(runner)
+    sglang_defrag.before_forward(runner, fb)  # what the installed hook calls first
+    table = runner.req_to_token_pool.req_to_token
+    moved = [table[b, :len(r) - 1].long() for b, r in enumerate(step.rows)]
+    runner.attn_backend.init_forward_metadata(fb)
+    q, k, v = step.inputs("cpu")
+    out = runner.attn_backend.forward(q, k, v, runner.layer, fb, save_kv_cache=True)
+    free = torch.cat([allocator.free_pages, allocator.release_pages])
+    return dict(
+        hooked=[getattr(hook, "__name__", "") for _, hook, _ in HookRegistry._hooks.get(sglang_defrag.TARGET, [])],
+        stats=sglang_defrag.stats(),
+        contiguous=[bool((m[1:] == m[:-1] + 1).all()) for m in moved],
+        rows_kept=all(torch.equal(runner.token_to_kv_pool.get_key_buffer(0)[m], b) for m, b in zip(moved, before)),
+        old_slots_free=bool(torch.isin(torch.cat([r[:-1] for r in step.rows]), free).all()),
+        error=rel_l2(out, step.reference()))
+
 
 def main() -> dict:
     kgen.jit = RefModule
@@ -117,6 +154,7 @@ def main() -> dict:
     backend.forward(q, k, v, layer, fb, save_kv_cache=True)
     layer.logit_cap = 0.0
     report["routed"] = backend.kgen.module.calls[len(report["calls"]):]
+    report["defrag"] = defrag_pass(h, gen)
     return report
 
 

@@ -1,11 +1,12 @@
 """SGLang's real attention backends, built outside a server, for tests/test_sglang_backend.py (CPU)
-and tests/test_sglang_gpu.py (GPU). Needs an installed sglang; targets 0.5.23 (what CI and the
-GPU script install) and bridges the few constructor differences of 0.5.21/0.5.22 it meets.
+and tests/test_sglang_backend_gpu.py (GPU). Needs an installed sglang; targets 0.5.23 (what CI
+and the GPU script install) and bridges the few constructor differences of 0.5.21/0.5.22 it meets.
 
 `Harness` publishes a minimal SGLang configuration (as SGLang's own attention unit-test kit
-does: `override_server_args` plus a parallel override) and builds `Runner`s: an object with
-exactly what TritonAttnBackend and kgen's backend read of a ModelRunner — its own req_to_token
-pool, page-size-1 MLA KV pool, KV-index translator, model config and one RadixAttention layer.
+does: `override_server_args` plus a parallel override) and builds model runners: objects with
+exactly what TritonAttnBackend and kgen's backend read of a ModelRunner — their own req_to_token
+pool, page-size-1 MLA KV pool and token allocator, KV-index translator, model config and one
+RadixAttention layer.
 `Step` is one batch in SGLang's own terms (ForwardBatch, EagleVerifyInput for TARGET_VERIFY),
 written into any number of runners with identical contents, plus its float64 reference.
 
@@ -108,6 +109,7 @@ class Harness:
         """A model runner with its own pools (what the backends read of one, nothing more)."""
         from sglang.srt.configs.model_config import AttentionArch
         from sglang.srt.layers.radix_attention import RadixAttention
+        from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
         from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -125,7 +127,8 @@ class Harness:
         pool = MLATokenToKVPool(size=self.max_bs * self.context_len + 1, page_size=1, dtype=torch.bfloat16,
                                 kv_lora_rank=R, qk_rope_head_dim=P, layer_num=1, device=str(dev),
                                 enable_memory_saver=False)
-        allocator = types.SimpleNamespace(page_size=1)
+        allocator = TokenToKVPoolAllocator(size=self.max_bs * self.context_len, dtype=torch.bfloat16,
+                                           device=str(dev), kvcache=pool, need_sort=False)
         layer = RadixAttention(num_heads=h, head_dim=R + P, scaling=SCALE, num_kv_heads=1, layer_id=0, v_head_dim=R)
         runner = types.SimpleNamespace(
             device=str(dev), gpu_id=dev.index or 0, page_size=1, model_config=config, req_to_token_pool=req,
@@ -147,9 +150,11 @@ class Harness:
 
 class Step:
     """One TARGET_VERIFY (n > 0 draft tokens per request, tree = a random tree per request) or
-    DECODE (n = 0) batch: prefix lengths `lens` at scattered slots of a pool of random rows."""
+    DECODE (n = 0) batch: prefix lengths `lens` at slots scattered over the pool (or over its
+    first `within` slots), which holds random rows."""
 
-    def __init__(self, harness: Harness, lens: list[int], n: int, gen: torch.Generator, *, chain: bool = False):
+    def __init__(self, harness: Harness, lens: list[int], n: int, gen: torch.Generator, *, chain: bool = False,
+                 within: int | None = None):
         from kgen.mask import mask_from_parents, unpack_bits
         from kgen.testing import tree_parents
 
@@ -158,7 +163,7 @@ class Step:
         bs, per = len(lens), max(n, 1)
         new = [length + n if self.verify else length for length in lens]  # tokens in req_to_token
         num_slots = harness.max_bs * harness.context_len
-        slots = torch.randperm(num_slots, generator=gen)[:sum(new)] + 1  # slot 0: SGLang's padding slot
+        slots = torch.randperm(within or num_slots, generator=gen)[:sum(new)] + 1  # slot 0: SGLang's padding slot
         self.rows = [slots[a - b:a] for a, b in zip(torch.tensor(new).cumsum(0).tolist(), new)]
         self.pool = torch.randn(num_slots + 1, 1, R + P, generator=gen).to(torch.bfloat16)
         self.q = torch.randn(bs * per, harness.heads, R + P, generator=gen).to(torch.bfloat16)

@@ -5,7 +5,8 @@ replays), with kgen's ops computed by kgen.reference. SGLang is the real install
 Triton helper kernels (the KV-index gather) run in Triton's interpreter. It runs in a fresh
 interpreter (tests/sglang_cpu_child.py): TRITON_INTERPRET must be set before triton is imported,
 and importing sglang sets process-wide state. tests/test_sglang_gpu.py runs the same class with
-kgen's kernels on a GPU against SGLang's TritonAttnBackend.
+kgen's kernels on a GPU against SGLang's TritonAttnBackend. With KGEN_DEFRAG=1 the child also
+runs the opt-in defrag hook SGLang applies to ModelRunner.forward.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ CHILD = Path(__file__).resolve().parent / "sglang_cpu_child.py"
 def report():
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed (CI installs it: .ci/run)")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1",  # and the opt-in defrag hook, on every decode step
+           "KGEN_DEFRAG": "1", "KGEN_DEFRAG_INTERVAL": "1", "KGEN_DEFRAG_MIN_TOKENS": "64"}
     proc = subprocess.run([sys.executable, str(CHILD), str(SESSION_SEED)], capture_output=True, text=True,
                           timeout=900, env=env)
     assert proc.returncode == 0, f"the sglang child failed:\n{proc.stderr[-4000:]}"
@@ -60,3 +62,29 @@ def test_calls_kgen_cannot_serve_go_to_triton(report):
     # logit-capped layer go to SGLang's Triton backend
     assert report["routed"] == ["verify"]
     assert report["triton_calls"] == ["extend"] * 3
+
+
+def test_defrag_with_kgen_defrag_1_moves_fragmented_requests_into_contiguous_runs(report):
+    d = report["defrag"]
+    assert d["hooked"] == ["before_forward"]  # registered on ModelRunner.forward with SGLang's HookRegistry
+    assert d["stats"][0]["disabled"] == "" and d["stats"][0]["moved_requests"] == 2
+    assert d["contiguous"] == [True, True] and d["rows_kept"] is True and d["old_slots_free"] is True
+    assert d["error"] <= 1e-2
+
+
+@pytest.mark.parametrize("value, on", [(None, False), ("", False), ("0", False), ("no", False), ("1", True),
+                                       ("yes", True)])
+def test_defrag_is_off_unless_asked_for(monkeypatch, value, on):
+    from kgen.integrations import sglang as integration
+    from kgen.integrations import sglang_compat, sglang_defrag
+
+    if value is None:
+        monkeypatch.delenv("KGEN_DEFRAG", raising=False)
+    else:
+        monkeypatch.setenv("KGEN_DEFRAG", value)
+    installed = []
+    monkeypatch.setattr(sglang_compat, "check", lambda defrag=False: "0.5.23")
+    monkeypatch.setattr(sglang_compat, "register_backend", lambda name, factory: None)
+    monkeypatch.setattr(sglang_defrag, "install", lambda: installed.append(True))
+    integration.register()
+    assert sglang_defrag.enabled() is on and installed == ([True] if on else [])

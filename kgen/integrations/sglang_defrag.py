@@ -25,7 +25,7 @@ from . import sglang_compat as compat
 from .defrag_planner import Defragmenter, DefragStats, Settings
 
 TARGET = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
-_HOOKS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model runner -> _Hook
+_HOOKS: "weakref.WeakSet" = weakref.WeakSet()  # every runner's _Hook (each runner holds its own)
 
 
 def enabled() -> bool:
@@ -42,13 +42,14 @@ def install() -> None:
 
 def stats() -> list[dict]:
     """The defrag report of every model runner the hook has seen in this process."""
-    return [h.defragmenter.stats.as_dict() for h in list(_HOOKS.values())]
+    return [h.defragmenter.stats.as_dict() for h in list(_HOOKS)]
 
 
 def before_forward(runner, forward_batch, *args, **kwargs) -> None:
-    hook = _HOOKS.get(runner)
+    hook = getattr(runner, "_kgen_defrag", None)
     if hook is None:
-        hook = _HOOKS[runner] = _Hook(runner)
+        hook = runner._kgen_defrag = _Hook(runner)
+        _HOOKS.add(hook)
     hook.maybe_run(forward_batch)
 
 
@@ -56,7 +57,7 @@ def blocker(runner) -> str:
     """Why defrag must not run on this runner ("" when it may)."""
     from .sglang import backend_class
 
-    compat.check_instance(runner, "ModelRunner")
+    compat.check_instance(runner, "ModelRunner", defrag=True)
     backend = runner.attn_backend
     if not isinstance(backend, backend_class()):
         return "the runner's attention backend is not kgen (defrag needs --attention-backend kgen)"
