@@ -125,7 +125,7 @@ def show_cmd(
 ) -> None:
     """Print the plan (tiles, threads, stages, shared-memory budget against the arch limit), each
     kernel's ptxas report, occupancy and SASS counts (built or cached), and the modeled sm_120
-    time of the DESIGN §9 grid."""
+    time of the benchmark grid (docs/design.md)."""
     results = results or (SHIPPED_RESULTS if SHIPPED_RESULTS.is_dir() else CHECKOUT_RESULTS)
     try:
         spec = load_spec(spec_path)
@@ -248,7 +248,7 @@ def bench_cmd(
     time_limit: Optional[float] = typer.Option(None, "--time-limit", help="start no new shape after this many seconds"),
     out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
 ) -> None:
-    """(GPU) Benchmark SPEC: the two ceilings, the DESIGN §9 grid and SGLang's Triton baseline;
+    """(GPU) Benchmark SPEC: the two ceilings, the benchmark grid (docs/design.md) and SGLang's Triton baseline;
     a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run."""
     # bench/ lives next to the package in a checkout, not inside the wheel
     for root in (Path(__file__).resolve().parents[1], Path.cwd()):
