@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .timing import events_ms
+from kgen.timing import events_ms
 
 MMA_SOURCE = Path(__file__).with_name("mma_peak.cu")
 MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16 MMA

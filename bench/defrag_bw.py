@@ -14,7 +14,7 @@ import torch
 import kgen
 
 from .ceilings import copy_bandwidth
-from .timing import time_rotation
+from kgen.timing import time_rotation
 
 
 def main() -> None:

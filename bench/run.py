@@ -8,7 +8,7 @@ In one process on one GPU:
 2. checks kgen's verify_attention against SGLang's Triton extend_attention_fwd (and the float64
    torch reference, timed there) on one small ragged shape: relative L2 of o must be <= 1e-2;
 3. times, for every shape of the grid, verify_attention and its halves prefix_attention and
-   tree_attention, and the Triton baseline on the same inputs (bench/timing.py: CUDA-graph replay
+   tree_attention, and the Triton baseline on the same inputs (kgen/timing.py: CUDA-graph replay
    over K rotated input sets, so no call reads KV that is still in L2); decode rows (T = 1) time
    prefix_attention alone (SGLang decodes with a different Triton kernel: no baseline there);
 4. prints a table and writes bench/results/<spec>-<time>.json (rewritten after every shape, so a
@@ -182,7 +182,7 @@ def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: 
     from kgen.testing import make_verify_inputs
 
     from .baseline import TritonVerify
-    from .timing import time_rotation
+    from kgen.timing import time_rotation
 
     kv_bytes, flops = work(shape, spec)
     floor_s = max(kv_bytes / (ceilings.copy_tbps * 1e12), flops / (ceilings.mma_tflops * 1e12))

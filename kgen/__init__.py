@@ -5,14 +5,18 @@ __version__ = "0.1.0"
 from .spec import Spec, load_spec  # noqa: E402
 
 
-def jit(spec, *, device=None, tiles=None):
-    """Compile (or load cached) kernels of `spec` for the current GPU and return the op module."""
+def jit(spec, *, device=None, tiles=None, arch=None):
+    """Compile (or load cached) kernels of `spec` for the current GPU and return the op module.
+
+    The plan is the GPU's own (sm_90 on an H100/H200: the wgmma loop) unless `arch` names another
+    arch whose plan the GPU can run (arch="sm_120" runs the sm_120 plan on an H200, for testing);
+    `tiles` overrides the plan's attention tiling (tuning)."""
     from . import library
     from .ops import Module
 
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
-    module = Module(spec, device=device, tiles=tiles)
+    module = Module(spec, device=device, tiles=tiles, arch=arch)
     library.register(module)  # also reachable as torch.ops.kgen.*(..., spec_name=spec.name)
     return module
 

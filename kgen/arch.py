@@ -81,6 +81,16 @@ ARCHS: dict[str, Arch] = {
 }
 
 
+def nvrtc_arch(arch: str, requires: tuple[str, ...] = ()) -> str:
+    """NVRTC's --gpu-architecture for code compiled for `arch` that uses the features `requires`:
+    wgmma and setmaxnreg exist only in the arch-specific sm_90a target."""
+    a = get_arch(arch)
+    missing = [f for f in requires if f not in a.features]
+    if missing:
+        raise ArchError(f"{arch} lacks {', '.join(missing)}: a kernel that uses it cannot be built for {arch}")
+    return f"{arch}a" if "wgmma" in requires else arch
+
+
 def get_arch(name: str) -> Arch:
     try:
         return ARCHS[name]

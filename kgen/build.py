@@ -9,12 +9,12 @@ from typing import Callable
 
 from . import nvrtc, sass
 from .cache import Entry, KernelCache, cache_key
+from .arch import nvrtc_arch
 from .errors import CompileError
 from .occupancy import Occupancy, occupancy
 from .plan import Plan, Variant
 from .render import headers, render
 
-ATTENTION_KERNELS = ("prefix_attn", "tree_attn")  # must use tensor-core MMA and bulk copies
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class BuiltKernel:
 
     def problems(self) -> list[str]:
         """Where the cubin falls short of its plan: spills, local memory, occupancy below the plan's
-        min_blocks and, for the attention kernels, no tensor-core MMA or no bulk copy."""
+        min_blocks, and instruction classes its design needs (variant.sass_expect) missing."""
         out = []
         if self.report.spill_bytes:
             out.append(f"{self.report.spill_bytes} bytes of register spills")
@@ -48,11 +48,10 @@ class BuiltKernel:
             return out
         if sass.local_memory_count(self.sass):
             out.append(f"local memory traffic: {self.sass['LDL']} LDL, {self.sass['STL']} STL")
-        if self.variant.kernel in ATTENTION_KERNELS:
-            if not sass.mma_count(self.sass):
-                out.append("no tensor-core MMA (HMMA/QMMA)")
-            if not self.sass.get("UBLKCP"):
-                out.append("no bulk copy (UBLKCP)")
+        for cls in self.variant.sass_expect:  # what the design's loop must compile to
+            n = sass.mma_count(self.sass) if cls == "MMA" else self.sass.get(cls, 0)
+            if not n:
+                out.append(f"no {sass.EXPECT_NAMES.get(cls, cls)} in the SASS")
         return out
 
     def row(self) -> dict:
@@ -88,12 +87,13 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool
     start = time.perf_counter()
     source = render(variant)
     hdrs = headers()
+    target = nvrtc_arch(arch, variant.requires)
     key = cache_key(source=source, headers=hdrs, nvrtc_version=nvrtc.nvrtc_version(),
-                    options=nvrtc.options(arch), arch=arch)
+                    options=nvrtc.options(target), arch=target)
 
     def compile_() -> tuple[bytes, str, dict]:
         try:
-            out = nvrtc.compile_cubin(source, hdrs, arch, variant.variant_id, f"{variant.name}.cu")
+            out = nvrtc.compile_cubin(source, hdrs, target, variant.variant_id, f"{variant.name}.cu")
         except CompileError as e:
             kept = cache.root / "failed" / f"{variant.variant_id}.{arch}.cu"
             kept.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,8 @@ from .errors import CacheMissError
 SCHEMA_VERSION = 1
 
 
-def _flag(name: str) -> bool:
+def env_flag(name: str) -> bool:
+    """A KGEN_* switch: unset, empty, 0, false and no (any case) are off; anything else is on."""
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
@@ -81,10 +82,10 @@ class KernelCache:
 
     def get_or_build(self, key: str, build: Callable[[], tuple[bytes, str, dict]]) -> tuple[Entry, str]:
         """(entry, "cached" | "compiled"). `build` returns (cubin, source, extra meta)."""
-        always = _flag("KGEN_ALWAYS_COMPILE")
+        always = env_flag("KGEN_ALWAYS_COMPILE")
         if not always and (entry := self.lookup(key)):
             return entry, "cached"
-        if _flag("KGEN_DISABLE_JIT"):
+        if env_flag("KGEN_DISABLE_JIT"):
             raise CacheMissError(f"kernel {key[:16]} is not in the cache at {self.root} and KGEN_DISABLE_JIT=1")
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)

@@ -56,3 +56,30 @@ def indptr(name: str, t: object, *, length: int | None, device: torch.device) ->
     if t.numel() < 1:
         raise ValueError(f"{name}: expected at least one entry (batch + 1)")
     return t
+
+
+# The per-layer hot path: one combined test of a tensor that must match exactly; only a tensor
+# that fails it goes through the full check above, which raises the message naming the problem.
+
+def address(name: str, t: object, *, dtypes: tuple[torch.dtype, ...], device: torch.device,
+            shape: tuple[int, ...]) -> int:
+    """The device address of a tensor checked like tensor(): dtype in `dtypes`, exact shape."""
+    if (isinstance(t, torch.Tensor) and t.dtype in dtypes and t.shape == shape and t.device == device
+            and t.is_contiguous()):
+        ptr = t.data_ptr()
+        if not ptr % 16:
+            return ptr
+    return tensor(name, t, dtype=dtypes, device=device, shape=shape).data_ptr()
+
+
+def rows_address(name: str, t: object, *, dtypes: tuple[torch.dtype, ...], device: torch.device, width: int,
+                 rows: int | None = None) -> tuple[int, int]:
+    """(device address, rows) of a tensor checked like kv_rows()."""
+    if isinstance(t, torch.Tensor) and t.dtype in dtypes and t.device == device and t.is_contiguous():
+        s = t.shape
+        if ((len(s) == 2 or len(s) == 3 and s[1] == 1) and s[-1] == width and (rows is None or s[0] == rows)):
+            ptr = t.data_ptr()
+            if not ptr % 16:
+                return ptr, s[0]
+    t = kv_rows(name, t, dtype=dtypes, device=device, width=width, rows=rows)
+    return t.data_ptr(), t.shape[0]

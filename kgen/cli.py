@@ -186,7 +186,7 @@ def inspect_cmd(
     try:
         spec = load_spec(spec_path)
         a = get_arch(arch or spec.target.arch)
-        p = plan(spec)
+        p = plan(spec, a)
         variants = [v for v in p.variants if kernel in (v.name, v.kernel)]
         if not variants:
             raise KgenError(f"{spec.name} has no kernel {kernel!r}; kernels: {', '.join(v.name for v in p.variants)}")
@@ -264,3 +264,37 @@ def bench_cmd(
     except (BenchError, KgenError, ValueError) as e:
         _fail(e)
     raise typer.Exit(code)
+
+
+@app.command("tune")
+def tune_cmd(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
+    budget_s: float = typer.Option(300.0, "--budget-s", help="start no new shape bucket after this many seconds"),
+    out: Optional[Path] = typer.Option(None, "--out", help="table file (default: the user table under KGEN_CACHE_DIR/tuned)"),
+) -> None:
+    """(GPU) Time the candidate attention tilings of SPEC per shape bucket on the GPU present and write
+    the winners to a tuned table, which kgen.jit then uses for that spec, arch and kgen version."""
+    from .tuning import buckets, table_name, user_dir
+
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise KgenError("kgen tune times on the GPU present, and torch sees none here")
+        from .tuner import tune
+
+        spec = load_spec(spec_path)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console) as bar:
+            task = bar.add_task(f"tuning {spec.name}", total=len(buckets()))
+
+            def done(bucket, r):
+                bar.advance(task)
+                bar.console.print(f"{bucket.key:20s} " + "  ".join(f"{t} {us:.1f}" for t, us in sorted(r["times"].items()))
+                                  + f"  noise {100 * r['noise']:.1f}% -> {r['chosen']}", highlight=False, markup=False)
+
+            table = tune(spec, budget_s, on_bucket=done)
+        path = table.save(out or user_dir() / table_name(spec, table.arch))
+    except KgenError as e:
+        _fail(e)
+    console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
+                  highlight=False, markup=False)

@@ -44,7 +44,30 @@ def _outputs_like(q: torch.Tensor, spec_name: str) -> tuple[torch.Tensor, torch.
     return o, q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
 
-@torch.library.custom_op("kgen::verify_attention", mutates_args=())
+# The ops that run per layer are defined on a Library with their CUDA kernel and a fake one,
+# not with torch.library.custom_op: its Python autograd and aliasing wrappers cost ~25 µs a call.
+# Without an autograd kernel the dispatcher's fallback passes them straight through (they are
+# not differentiable: outputs that would need a gradient only warn on backward).
+_lib = torch.library.Library("kgen", "FRAGMENT")
+
+
+def _op(fake):
+    """Define kgen::<name> from the decorated function's annotations, as its CUDA kernel, with
+    `fake` as its fake (meta) implementation."""
+    def define(fn):
+        _lib.define(fn.__name__ + torch.library.infer_schema(fn, mutates_args=()))
+        _lib.impl(fn.__name__, fn, "CUDA")
+        torch.library.register_fake(f"kgen::{fn.__name__}", fake, lib=_lib)
+        return fn
+    return define
+
+
+def _verify_attention_fake(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, spec_name,
+                           kv_scale=1.0):
+    return _outputs_like(q, spec_name)
+
+
+@_op(_verify_attention_fake)
 def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tensor,
                      kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_lens: torch.Tensor,
                      tree_mask: torch.Tensor | None, spec_name: str,
@@ -53,12 +76,11 @@ def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, k_tree: torch.Tens
                                                             kv_lens, tree_mask, kv_scale=kv_scale)
 
 
-@verify_attention.register_fake
-def _(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, spec_name, kv_scale=1.0):
+def _prefix_attention_fake(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, spec_name, kv_scale=1.0):
     return _outputs_like(q, spec_name)
 
 
-@torch.library.custom_op("kgen::prefix_attention", mutates_args=())
+@_op(_prefix_attention_fake)
 def prefix_attention(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
                      kv_indices: torch.Tensor, kv_lens: torch.Tensor, spec_name: str,
                      kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,33 +88,27 @@ def prefix_attention(q: torch.Tensor, kv_cache: torch.Tensor, qo_indptr: torch.T
                                                             kv_scale=kv_scale)
 
 
-@prefix_attention.register_fake
-def _(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, spec_name, kv_scale=1.0):
+def _tree_attention_fake(q, k_tree, qo_indptr, tree_mask, spec_name, kv_scale=1.0):
     return _outputs_like(q, spec_name)
 
 
-@torch.library.custom_op("kgen::tree_attention", mutates_args=())
+@_op(_tree_attention_fake)
 def tree_attention(q: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tensor, tree_mask: torch.Tensor | None,
                    spec_name: str, kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     return module_for(spec_name, q.device).tree_attention(q, k_tree, qo_indptr, tree_mask, kv_scale=kv_scale)
 
 
-@tree_attention.register_fake
-def _(q, k_tree, qo_indptr, tree_mask, spec_name, kv_scale=1.0):
-    return _outputs_like(q, spec_name)
+def _merge_states_fake(o_a, lse_a, o_b, lse_b, spec_name):
+    return torch.empty_like(o_a), torch.empty_like(lse_a)
 
 
-@torch.library.custom_op("kgen::merge_states", mutates_args=())
+@_op(_merge_states_fake)
 def merge_states(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
                  spec_name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return module_for(spec_name, o_a.device).merge_states(o_a, lse_a, o_b, lse_b)
 
 
-@merge_states.register_fake
-def _(o_a, lse_a, o_b, lse_b, spec_name):
-    return torch.empty_like(o_a), torch.empty_like(lse_a)
-
-
+# defrag mutates its caches: custom_op registers what that needs (version counters, functionalization).
 @torch.library.custom_op("kgen::defrag", mutates_args=("kv_caches",))
 def defrag(kv_caches: list[torch.Tensor], src: torch.Tensor, dst: torch.Tensor, stacked: bool, spec_name: str) -> None:
     """kv_caches: per-layer caches, or one stacked [layers, slots, D] tensor with stacked=True."""

@@ -3,7 +3,8 @@
 Every op launches on torch.cuda.current_stream(), allocates only through torch, never syncs
 with the host (unless KGEN_VALIDATE=1) and so can be captured in a CUDA graph: all launch
 sizes derive from tensor shapes, and each attention CTA finds its split-KV work item on the
-device (templates/schedule.cuh).
+device (templates/schedule.cuh). Attention runs through prepared steps (kgen/step.py): the
+one-shot ops prepare a step for one call.
 """
 
 from __future__ import annotations
@@ -12,148 +13,116 @@ import os
 
 import torch
 
-from . import checks, fp8
-from .arch import arch_for_capability
+from . import checks
+from .arch import arch_for_capability, get_arch
 from .build import build
-from .plan import AttentionTiles, Plan, ceil_div, plan, work_capacity
-from .runtime import Kernel
+from .cache import env_flag
+from .plan import Plan, Tiles, ceil_div, plan, work_capacity
+from .runtime import Kernel, current_stream
 from .spec import Spec
+from .step import MIN_SPLIT_TILES, Step, target_ctas, workspace_layout
+from .tuning import Bucket, find_table, tiles_text
 
-MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay a small overhead
+__all__ = ["Module", "MIN_SPLIT_TILES"]
+
 DEFRAG_STAGING_BYTES = int(os.environ.get("KGEN_DEFRAG_STAGING_BYTES", 1 << 30))
-
-
-def _validate() -> bool:
-    return os.environ.get("KGEN_VALIDATE", "") not in ("", "0")
+ZERO_LENS = 1024  # requests a tree-only call can have before the zero-lengths buffer grows
 
 
 class Module:
-    def __init__(self, spec: Spec, device: torch.device | str | None = None, tiles: AttentionTiles | None = None):
+    def __init__(self, spec: Spec, device: torch.device | str | None = None, tiles: Tiles | None = None,
+                 arch: str | None = None):
         if not torch.cuda.is_available():
             raise RuntimeError("kgen.jit needs a CUDA GPU (torch.cuda.is_available() is False)")
         self.device = torch.device(device or "cuda")
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.spec = spec
-        self.plan: Plan = plan(spec, tiles=tiles)  # the spec's target plan, compiled for the GPU present
         props = torch.cuda.get_device_properties(self.device)
-        self.arch = arch_for_capability(props.major, props.minor)
+        self.arch = arch_for_capability(props.major, props.minor)  # the GPU present: what the cubins are for
+        # The plan of the GPU present, or of `arch` (e.g. the sm_120 plan tested on an H200): the
+        # heuristic tiling (or `tiles`), and the tilings a tuned table picks for some buckets.
+        plan_arch = get_arch(arch) if arch else self.arch
+        self.plan: Plan = plan(spec, plan_arch, tiles=tiles)
+        self.table = None if tiles else find_table(spec, plan_arch.name)
+        self.plans = {tiles_text(self.plan.tiles): self.plan}
+        for choice in (self.table.choices.values() if self.table else ()):
+            self.plans.setdefault(tiles_text(choice.tiles), plan(spec, plan_arch, tiles=choice.tiles))
         self.sm_count = props.multi_processor_count
-        self.built = build(self.plan, [self.arch.name])
-        self.k = {b.variant.name: Kernel(b, self.device) for b in self.built}
+        self._kernels = {}
+        for text, p in self.plans.items():
+            built = build(p, [self.arch.name])
+            self._kernels[text] = {b.variant.name: Kernel(b, self.device) for b in built}
+            if p is self.plan:
+                self.built = built
+        self.k = self._kernels[tiles_text(self.plan.tiles)]
         self._layer_tables: dict[tuple[int, ...], torch.Tensor] = {}
+        self.stream = current_stream(self.device)
+        self.error_flag = torch.zeros(1, dtype=torch.int32, device=self.device)  # KGEN_VALIDATE reports
+        self._zeros = torch.zeros(ZERO_LENS, dtype=torch.int32, device=self.device)
+        torch.cuda.synchronize(self.device)  # both are filled before any stream (a graph's) reads them
 
     # ---- attention -------------------------------------------------------------------------
 
-    # An fp8 spec's KV rows are e4m3 bytes meaning byte * kv_scale; tree keys may come in bf16 (as
-    # SGLang passes the new tokens' k) and are then quantized with the same scale.
+    def prepare(self, qo_indptr, kv_indptr=None, kv_indices=None, kv_lens=None, tree_mask=None, *,
+                num_tokens: int | None = None, workspace: torch.Tensor | None = None) -> Step:
+        """Check one batch's metadata and allocate its scratch once; then run each layer with
+        step.verify(q, kv_cache, k_tree), step.prefix(q, kv_cache) or step.tree(q, k_tree).
+
+        Leave out the prefix metadata (all three) or the tree mask where the step needs no prefix
+        or no tree. num_tokens (the rows of q) defaults to tree_mask's rows, or B x nodes of a
+        static tree. workspace: a uint8 tensor of at least workspace_bytes(num_tokens, B) bytes
+        to use instead of allocating (e.g. one shared by the steps of several captured graphs).
+        What the caller may refill between calls and graph replays: see kgen/step.py.
+        """
+        return Step(self, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace)
+
+    def workspace_bytes(self, num_tokens: int, batch: int) -> int:
+        """Scratch bytes of a step with `num_tokens` tree tokens in `batch` requests (whichever
+        of the module's tilings its bucket runs)."""
+        return max(workspace_layout(self, p, work_capacity(p, num_tokens, batch, target_ctas(self, p))[0], batch)[2]
+                   for p in self.plans.values())
+
+    def plan_for(self, num_tokens: int, batch: int, context_tokens: int) -> tuple[Plan, dict[str, Kernel]]:
+        """The plan (and its kernels) a batch runs: its bucket's tuned tiling, else the heuristic."""
+        tiles = self.table.tiles_for(Bucket.of(num_tokens, batch, context_tokens)) if self.table else None
+        text = tiles_text(tiles or self.plan.tiles)
+        return self.plans[text], self._kernels[text]
+
+    # The one-shot ops: a step prepared for one call.
 
     def prefix_attention(self, q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, *, kv_scale=1.0,
                          out=None, lse=None):
         """Attention of the tree tokens against their paged prefixes only."""
-        return self._attention(q, qo_indptr, out, lse, kv_scale, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens))
+        step = self.prepare(qo_indptr, kv_indptr, kv_indices, kv_lens, num_tokens=self._rows(q))
+        return step.prefix(q, kv_cache, kv_scale=kv_scale, out=out, lse=lse)
 
     def tree_attention(self, q, k_tree, qo_indptr, tree_mask, *, kv_scale=1.0, out=None, lse=None):
         """Attention of the tree tokens against each other under the tree mask only."""
-        return self._attention(q, qo_indptr, out, lse, kv_scale, tree=(k_tree, tree_mask))
+        step = self.prepare(qo_indptr, tree_mask=tree_mask, num_tokens=self._rows(q))
+        return step.tree(q, k_tree, kv_scale=kv_scale, out=out, lse=lse)
 
     def verify_attention(self, q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, *,
                          kv_scale=1.0, out=None, lse=None):
         """Prefix + tree attention of every tree token: merge(prefix_attention, tree_attention)."""
-        return self._attention(q, qo_indptr, out, lse, kv_scale, prefix=(kv_cache, kv_indptr, kv_indices, kv_lens),
-                               tree=(k_tree, tree_mask))
+        step = self.prepare(qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens=self._rows(q))
+        return step.verify(q, kv_cache, k_tree, kv_scale=kv_scale, out=out, lse=lse)
 
-    @property
-    def kv_fp8(self) -> bool:
-        return self.spec.cache.kv_dtype == "float8_e4m3fn"
+    def _rows(self, q) -> int:
+        """The rows of a one-shot op's q (the step checks q again, as the layer's query)."""
+        m = self.spec.model
+        return checks.tensor("q", q, dtype=torch.bfloat16, device=self.device,
+                             shape=(None, m.num_q_heads, m.head_dim)).shape[0]
 
-    def _attention(self, q, qo_indptr, out, lse, kv_scale, prefix=None, tree=None):
-        m, dev = self.spec.model, self.device
-        kv_scale = fp8.check_scale(kv_scale)
-        if not self.kv_fp8 and kv_scale != 1.0:
-            raise ValueError(f"kv_scale: {self.spec.name} has a {self.spec.cache.kv_dtype} KV cache; kv_scale "
-                             f"applies to float8_e4m3fn caches only (got {kv_scale})")
-        kv_dtype = fp8.E4M3 if self.kv_fp8 else torch.bfloat16
-        q = checks.tensor("q", q, dtype=torch.bfloat16, device=dev, shape=(None, m.num_q_heads, m.head_dim))
-        total = q.shape[0]
-        qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
-        batch = qo_indptr.numel() - 1
-        out = checks.out_tensor("out", out, shape=(total, m.num_q_heads, m.value_dim), dtype=torch.bfloat16, device=dev)
-        lse = checks.out_tensor("lse", lse, shape=(total, m.num_q_heads), dtype=torch.float32, device=dev)
-        if prefix is not None:
-            kv_cache, kv_indptr, kv_indices, kv_lens = prefix
-            kv_cache = checks.kv_rows("kv_cache", kv_cache, dtype=kv_dtype, device=dev, width=m.head_dim)
-            kv_indptr = checks.indptr("kv_indptr", kv_indptr, length=batch + 1, device=dev)
-            kv_indices = checks.tensor("kv_indices", kv_indices, dtype=torch.int32, device=dev, ndim=1)
-            kv_lens = checks.tensor("kv_lens", kv_lens, dtype=torch.int32, device=dev, shape=(batch,))
-        else:
-            kv_lens = torch.zeros(batch, dtype=torch.int32, device=dev)
-        if tree is not None:
-            k_tree, tree_mask = tree
-            tree_dtypes = (torch.bfloat16, fp8.E4M3) if self.kv_fp8 else torch.bfloat16
-            k_tree = checks.kv_rows("k_tree", k_tree, dtype=tree_dtypes, device=dev, width=m.head_dim, rows=total)
-            if k_tree.dtype != kv_dtype:
-                k_tree = fp8.quantize(k_tree, kv_scale)
-            tree_mask = self._check_tree_mask(tree_mask, total, batch)
-        if total == 0 or batch == 0:
-            return out, lse
-
-        validate = _validate()
-        error = torch.zeros(1, dtype=torch.int32, device=dev)
-        target = self.sm_count * self.plan.tiles.min_blocks  # one wave of attention CTAs
-        prefix_items, tree_items = work_capacity(self.plan, total, batch, target)
-        grid = prefix_items if prefix is not None else tree_items  # one CTA per possible work item
-        req_meta = torch.empty(batch, 4, dtype=torch.int32, device=dev)
-        # Verify and tree-only calls give every request at least one split: verify's tree rides on
-        # each row tile's last split, tree-only has one item per row tile (all kv_lens 0).
-        schedule = dict(qo_indptr=qo_indptr, kv_lens=kv_lens, batch=batch, target_ctas=target,
-                        min_split_tiles=MIN_SPLIT_TILES, min_splits=int(tree is not None),
-                        max_nodes=self.spec.tree.nodes if tree is not None else total, total_tokens=total,
-                        validate=int(validate), error_flag=error, req_meta=req_meta)
-
-        bm, dv = self.plan.tiles.bm, m.value_dim
-        part_o = torch.empty(grid * bm, dv, dtype=torch.float32, device=dev)
-        part_lse = torch.empty(grid * bm, dtype=torch.float32, device=dev)
-        mask_ptr = (tree_mask if tree_mask is not None else 0) if tree is not None else None
-        if prefix is not None:
-            args = dict(q=q, kv_cache=kv_cache, kv_indptr=kv_indptr, kv_indices=kv_indices, kv_scale=kv_scale,
-                        part_o=part_o, part_lse=part_lse, num_slots=kv_cache.shape[0], **schedule)
-            if tree is not None:
-                self.k["verify_attn"](grid, **args, k_tree=k_tree, tree_mask=mask_ptr)
-            else:
-                self.k["prefix_attn"](grid, **args)
-        else:
-            self.k["tree_attn"](grid, q=q, k_tree=k_tree, kv_scale=kv_scale, tree_mask=mask_ptr, part_o=part_o,
-                                part_lse=part_lse, **schedule)
-        self.k["lse_combine"](total * m.num_q_heads, part_o=part_o, part_lse=part_lse, qo_indptr=qo_indptr,
-                              req_meta=req_meta, batch=batch, o=out, lse=lse)
-        if validate:
-            self._raise_device_errors(error, prefix is not None)
-        return out, lse
-
-    def _check_tree_mask(self, tree_mask, total: int, batch: int):
-        t = self.spec.tree
-        if t.is_static:
-            if tree_mask is not None:
-                raise ValueError(f"tree_mask: spec {self.spec.name} has a static tree compiled in; pass None")
-            if total != batch * t.nodes:
-                raise ValueError(f"q: a static tree of {t.nodes} nodes needs {batch} x {t.nodes} tokens, got {total}")
-            return None
-        if isinstance(tree_mask, torch.Tensor) and tree_mask.dim() == 2 and tree_mask.shape[1] < t.mask_words:
-            raise ValueError(f"tree_mask: {tree_mask.shape[1]} int32 words per row are narrower than max_nodes "
-                             f"{t.nodes} needs ({t.mask_words})")
-        return checks.tensor("tree_mask", tree_mask, dtype=torch.int32, device=self.device,
-                             shape=(total, t.mask_words))
-
-    @staticmethod
-    def _raise_device_errors(error: torch.Tensor, has_prefix: bool) -> None:
-        flag = int(error.item())  # KGEN_VALIDATE=1 is a debug mode: the sync is expected
-        if flag & 1:
-            raise ValueError(f"qo_indptr/kv_lens: a request has a negative length, more tree tokens than the "
-                             f"spec's max_nodes, or qo_indptr does not run from 0 to the number of tokens (KGEN_VALIDATE)")
-        if flag & 2 and has_prefix:
-            raise ValueError("kv_indices/kv_lens: a prefix token maps outside its request's pages or outside "
-                             "kv_cache (KGEN_VALIDATE)")
+    def zero_lens(self, batch: int) -> torch.Tensor:
+        """int32 zeros for at least `batch` requests: the prefix lengths of tree-only calls. One
+        buffer per module, grown outside graph capture (a step holds the one it packed)."""
+        if self._zeros.numel() < batch:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"tree attention of {batch} requests: run it once before capturing a CUDA graph "
+                                   f"(it needs a larger zero-filled buffer, and filling one is a launch)")
+            self._zeros = torch.zeros(2 * batch, dtype=torch.int32, device=self.device)
+        return self._zeros
 
     # ---- merge ----------------------------------------------------------------------------
 
@@ -194,7 +163,7 @@ class Module:
         n = src.numel()
         if n == 0:
             return
-        if _validate():
+        if env_flag("KGEN_VALIDATE"):
             self._validate_moves(src, dst, num_slots)
         is_dst = torch.zeros(num_slots, dtype=torch.uint8, device=self.device)
         is_dst.index_fill_(0, dst, 1)  # a scalar fill: no host-to-device copy (graph capture)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from .arch import Arch, get_arch
 from .errors import PlanError
@@ -23,6 +24,7 @@ LOG2E = 1.4426950408889634
 DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
 ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix bank conflicts
 S_ROW_PAD = 8  # fp32 padding per partial-score row: a half-warp's float2 stores hit 32 banks
+WGMMA_Q_REG_DIMS = 384  # the wgmma loop keeps Q's first 384 dims in registers (WgmmaAttnConfig::Q_SMEM_DIM0)
 KV_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per KV element
 KV_CTYPES = {"bfloat16": "__nv_bfloat16", "float8_e4m3fn": "unsigned char"}
 
@@ -38,6 +40,8 @@ class Variant:
     constants: dict[str, object]  # injected into the template
     params: tuple[Param, ...]
     tag: str  # human-readable part of the id: h8_d576_ps1_bf16_sm120
+    requires: tuple[str, ...] = ()  # arch features the cubin needs (e.g. "wgmma": only sm_90a runs it)
+    sass_expect: tuple[str, ...] = ()  # instruction classes (kgen.sass) the compiled loop must contain
 
     @property
     def digest(self) -> str:
@@ -56,22 +60,99 @@ class Variant:
 
 @dataclass(frozen=True)
 class AttentionTiles:
+    """The mma.sync loop (templates/attention.cuh): sm_120's design, also run on the H200 for tests."""
+
     bm: int  # packed (token, head) rows per CTA
     bn: int  # KV rows per pipeline stage
     warps_m: int  # warps along rows; DIM_GROUPS warps along dims
     stages: int
     min_blocks: int = 1  # CTAs per SM the plan is built for (__launch_bounds__ minimum)
 
+    design: ClassVar[str] = "mma_sync"
+    header: ClassVar[str] = "attention.cuh"
+    requires: ClassVar[tuple[str, ...]] = ()  # arch features beyond mma.sync, ldmatrix and bulk copies
+    sass_expect: ClassVar[tuple[str, ...]] = ("MMA", "UBLKCP")  # tensor-core MMAs fed by bulk copies
+
     @property
     def threads(self) -> int:
         return 32 * (self.warps_m * DIM_GROUPS + 1)  # compute warps and one producer warp
+
+    def smem_bytes(self, spec: Spec) -> int:
+        """Shared memory of one attention CTA; mirrors the layout in templates/attention.cuh."""
+        d, elem = spec.model.head_dim, KV_BYTES[spec.cache.kv_dtype]
+        kv = self.stages * self.bn * (d * elem + ROW_PAD)
+        s_part = DIM_GROUPS * self.bm * (self.bn + S_ROW_PAD) * 4
+        p = self.bm * (self.bn * elem + ROW_PAD)
+        stats = 2 * self.bm * 4  # per-row rescale factor and final 1/l
+        barriers = (2 * self.stages + 1) * 8  # full and empty mbarrier per stage, one for Q
+        q_stage = self.bm * (d * 2 + ROW_PAD)  # bf16 Q is staged once through the KV buffers
+        k_step = 32 // elem  # dims of one MMA k-step
+        if (self.bm % 16 or self.bm % self.warps_m or (self.bm // self.warps_m) % 16 or self.bn % 16
+                or self.bn % k_step or q_stage > kv):
+            raise PlanError(f"attention tiles {self}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
+                            f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
+                            f"and Q ({q_stage} B) within the KV staging buffers ({kv} B)")
+        return kv + s_part + p + stats + barriers
+
+    def config(self, spec: Spec) -> str:
+        """The C++ Config type the kernel is instantiated with."""
+        m = spec.model
+        fp8 = "true" if spec.cache.kv_dtype == "float8_e4m3fn" else "false"
+        return (f"kgen::AttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bm}, {self.bn}, "
+                f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {S_ROW_PAD}>")
+
+    def describe(self) -> str:
+        return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "
+                f"{self.warps_m}x{DIM_GROUPS} compute warps + 1 producer warp, {self.stages} stages")
+
+
+@dataclass(frozen=True)
+class WgmmaTiles:
+    """sm_90's wgmma loop (templates/attention_wgmma.cuh): a producer warpgroup and two consumer
+    warpgroups that split the dims of 64 packed rows; needs sm_90a's wgmma and setmaxnreg."""
+
+    bn: int = 32
+    stages: int = 4
+    min_blocks: int = 1
+
+    bm: ClassVar[int] = 64
+    threads: ClassVar[int] = 3 * 128
+    design: ClassVar[str] = "wgmma"
+    header: ClassVar[str] = "attention_wgmma.cuh"
+    requires: ClassVar[tuple[str, ...]] = ("wgmma",)
+    sass_expect: ClassVar[tuple[str, ...]] = ("HGMMA", "LDGSTS")  # warpgroup MMAs fed by cp.async
+
+    def smem_bytes(self, spec: Spec) -> int:
+        """Mirrors WgmmaAttnConfig: the swizzled ring, Q's dims from 384 on (its registers hold 12
+        k-steps of 16 dims per consumer), the partial-score exchange, barriers, and 1 KB to align
+        the base for the swizzle."""
+        m = spec.model
+        if (spec.cache.kv_dtype != "bfloat16" or m.head_dim % 64 or m.value_dim != 512 or self.bn != 32
+                or self.stages < 2):
+            raise PlanError(f"wgmma tiles {self}: the wgmma loop takes a bf16 KV cache, value width 512, "
+                            f"key width a multiple of 64, BN=32 and at least 2 stages")
+        ring = self.stages * m.head_dim * 2 * self.bn
+        q_smem = (m.head_dim - WGMMA_Q_REG_DIMS) * 2 * self.bm
+        exchange = 4 * self.bm * self.bn * 4
+        return ring + q_smem + exchange + 2 * self.stages * 8 + 1024
+
+    def config(self, spec: Spec) -> str:
+        m = spec.model
+        return f"kgen::WgmmaAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, {self.stages}>"
+
+    def describe(self) -> str:
+        return (f"wgmma loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, producer warpgroup "
+                f"+ 2 consumer warpgroups (dims split), {self.stages} stages")
+
+
+Tiles = AttentionTiles | WgmmaTiles
 
 
 @dataclass(frozen=True)
 class Plan:
     spec: Spec
     arch: Arch
-    tiles: AttentionTiles
+    tiles: Tiles
     variants: tuple[Variant, ...]
     budget: dict[str, int] = field(default_factory=dict)
 
@@ -82,29 +163,27 @@ class Plan:
         raise KeyError(name)
 
 
-def attention_smem_bytes(spec: Spec, t: AttentionTiles) -> int:
-    """Shared memory of one attention CTA; mirrors the layout in templates/attention.cuh."""
-    d, elem = spec.model.head_dim, KV_BYTES[spec.cache.kv_dtype]
-    kv = t.stages * t.bn * (d * elem + ROW_PAD)
-    s_part = DIM_GROUPS * t.bm * (t.bn + S_ROW_PAD) * 4
-    p = t.bm * (t.bn * elem + ROW_PAD)
-    stats = 2 * t.bm * 4  # per-row rescale factor and final 1/l
-    barriers = (2 * t.stages + 1) * 8  # full and empty mbarrier per stage, one for Q
-    q_stage = t.bm * (d * 2 + ROW_PAD)  # bf16 Q is staged once through the KV buffers
-    k_step = 32 // elem  # dims of one MMA k-step
-    if t.bm % 16 or t.bm % t.warps_m or (t.bm // t.warps_m) % 16 or t.bn % 16 or t.bn % k_step or q_stage > kv:
-        raise PlanError(f"attention tiles {t}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
-                        f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
-                        f"and Q ({q_stage} B) within the KV staging buffers ({kv} B)")
-    return kv + s_part + p + stats + barriers
+def attention_smem_bytes(spec: Spec, t: Tiles) -> int:
+    return t.smem_bytes(spec)
 
 
 def _fits(arch: Arch, smem: int) -> bool:
     return smem <= arch.smem_per_block
 
 
-def choose_attention_tiles(spec: Spec, arch: Arch) -> AttentionTiles:
-    """The deepest KV pipeline that fits the arch's shared memory per block."""
+def wgmma_fits(spec: Spec, arch: Arch) -> bool:
+    """Whether the wgmma loop can run this spec on this arch."""
+    try:
+        return arch.wgmma and _fits(arch, WgmmaTiles().smem_bytes(spec))
+    except PlanError:
+        return False
+
+
+def choose_attention_tiles(spec: Spec, arch: Arch) -> Tiles:
+    """The arch's own loop design: wgmma where the arch has it and the spec allows it (4 stages);
+    otherwise the mma.sync loop with the deepest KV pipeline that fits shared memory per block."""
+    if wgmma_fits(spec, arch):
+        return WgmmaTiles()
     base = dict(bm=32, bn=32, warps_m=2)
     for stages in (4, 3, 2):
         t = AttentionTiles(stages=stages, **base)
@@ -138,24 +217,16 @@ def _params(*decls: str) -> tuple[Param, ...]:
 BF16 = "__nv_bfloat16"
 
 
-def _attention_constants(spec: Spec, t: AttentionTiles) -> dict[str, object]:
-    m = spec.model
+def _attention_constants(spec: Spec, t: Tiles) -> dict[str, object]:
     return {
-        "HEADS": m.num_q_heads,
-        "D": m.head_dim,
-        "DV": m.value_dim,
-        "BM": t.bm,
-        "BN": t.bn,
-        "WARPS_M": t.warps_m,
-        "DIM_GROUPS": DIM_GROUPS,
-        "STAGES": t.stages,
-        "KV_FP8": spec.cache.kv_dtype == "float8_e4m3fn",
-        "S_ROW_PAD": S_ROW_PAD,
-        "SCALE_LOG2": m.softmax_scale * LOG2E,
+        "HEADS": spec.model.num_q_heads,
+        "DESIGN_HEADER": t.header,
+        "CONFIG": t.config(spec),
+        "SCALE_LOG2": spec.model.softmax_scale * LOG2E,
     }
 
 
-def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | None = None) -> Plan:
+def plan(spec: Spec, arch: str | Arch | None = None, tiles: Tiles | None = None) -> Plan:
     """Plan every kernel of `spec` for `arch` (default: the spec's target). `tiles` overrides the
     attention tiling (for tuning); it is still checked against the arch's limits."""
     arch = get_arch(arch or spec.target.arch) if not isinstance(arch, Arch) else arch
@@ -187,6 +258,9 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
     ))
 
     tiles = tiles or choose_attention_tiles(spec, arch)
+    missing = [f for f in tiles.requires if f not in arch.features]
+    if missing:
+        raise PlanError(f"{spec.name}: the {tiles.design} loop needs {', '.join(missing)}, which {arch.name} lacks")
     smem = attention_smem_bytes(spec, tiles)
     per_sm = arch.smem_per_sm // (smem + arch.smem_reserved_per_block)
     if per_sm < tiles.min_blocks:
@@ -211,11 +285,11 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
         variants.append(Variant(
             kernel="prefix_attn", name=name, template="prefix_attn.cu.j2",
             threads=tiles.threads, smem_bytes=smem, min_blocks=tiles.min_blocks,
-            constants={**attn, "PAGE_SIZE": spec.cache.page_size, "FUSE_TREE": int(fuse_tree),
+            constants={**attn, "PAGE_SIZE": spec.cache.page_size, "FUSE_TREE": fuse_tree,
                        **(tree_consts if fuse_tree else {})},
             params=_params(*prefix_params, *((f"const {kv}* __restrict__ k_tree",
                                               "const int* __restrict__ tree_mask") if fuse_tree else ())),
-            tag=tag,
+            tag=tag, requires=tiles.requires, sass_expect=tiles.sass_expect,
         ))
 
     variants.append(Variant(
@@ -225,7 +299,7 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: AttentionTiles | Non
         params=_params(f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ k_tree", "float kv_scale",
                        "const int* __restrict__ tree_mask", *schedule_params, "float* __restrict__ part_o",
                        "float* __restrict__ part_lse"),
-        tag=tag,
+        tag=tag, requires=tiles.requires, sass_expect=tiles.sass_expect,
     ))
 
     variants.append(Variant(

@@ -72,7 +72,7 @@ def manifest(plan: Plan) -> dict:
         "kgen_version": __version__,
         "spec": plan.spec.model_dump(mode="json"),
         "plan_arch": plan.arch.name,
-        "tiles": {"bm": plan.tiles.bm, "bn": plan.tiles.bn, "warps_m": plan.tiles.warps_m,
+        "tiles": {"design": plan.tiles.design, "bm": plan.tiles.bm, "bn": plan.tiles.bn,
                   "stages": plan.tiles.stages, "threads": plan.tiles.threads},
         "budget": plan.budget,
         # The sources include these headers from templates/; their hashes tie the golden to them.

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from .build import BuiltKernel
 from .errors import CudaError
-from .signature import pack
+from .signature import ParamBlock, ParamLayout
 
 
 def _driver():
@@ -55,14 +57,26 @@ class Kernel:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(driver.cuFuncSetAttribute(self._func, attr, self.variant.smem_bytes),
                   f"raising shared memory of {self.variant.name} to {self.variant.smem_bytes} B")
+        self._launch = driver.cuLaunchKernel
+        self._threads, self._smem = self.variant.threads, self.variant.smem_bytes
+        self.layout = ParamLayout(self.variant.params)
+        self.stream = current_stream(device)
 
-    def __call__(self, grid: int | tuple[int, ...], **args) -> None:
-        """Launch on the current torch stream with arguments named as in the C signature."""
-        gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else (*grid, *(1,) * (3 - len(grid)))
-        if gx <= 0 or gy <= 0 or gz <= 0:
-            return
-        values, types = pack(self.variant.params, args)
-        stream = torch.cuda.current_stream(self.device).cuda_stream
-        check(_driver().cuLaunchKernel(self._func, gx, gy, gz, self.variant.threads, 1, 1,
-                                       self.variant.smem_bytes, _driver().CUstream(stream), (values, types), 0),
-              f"launching {self.variant.name}")
+    def launch(self, grid: int, params: ParamBlock, stream) -> None:
+        """Launch `grid` CTAs with a packed parameter block on `stream` (a CUstream). cuda-python
+        takes an int kernelParams as a ready void** and converts nothing (its _HelperKernelParams)."""
+        err, = self._launch(self._func, grid, 1, 1, self._threads, 1, 1, self._smem, stream, params.address, 0)
+        if err:
+            check(err, f"launching {self.variant.name}")
+
+    def __call__(self, grid: int, **args) -> None:
+        """A one-off launch on the current torch stream, arguments named as in the C signature."""
+        if grid > 0:
+            self.launch(grid, self.layout.pack(**args), self.stream())
+
+
+def current_stream(device: torch.device) -> Callable[[], object]:
+    """A function that returns torch's current stream on `device` as a CUstream. It reads the raw
+    handle (as torch's own generated launchers do): no torch.cuda.Stream object per launch."""
+    raw, index, wrap = torch._C._cuda_getCurrentRawStream, device.index, _driver().CUstream
+    return lambda: wrap(raw(index))

@@ -3,7 +3,8 @@
 `counts` tallies the instruction classes that say whether a kernel compiled the way its plan
 intends: tensor-core MMAs (HMMA; QMMA is sm_120's fp8 mma.sync; any *MMA opcode gets its own
 key), LDSM (ldmatrix), UBLKCP (cp.async.bulk), global loads/stores by width (LDG.128, STG.64, ...),
-local-memory traffic (LDL/STL: register spills or stack arrays) and barriers (BAR).
+local-memory traffic (LDL/STL: register spills or stack arrays), barriers (BAR) and 16-byte
+cp.async copies (LDGSTS; HGMMA is Hopper's wgmma).
 A kgen cubin holds one variant: one entry point and whatever it calls, so counts are per cubin.
 """
 
@@ -18,7 +19,7 @@ from functools import lru_cache
 from .errors import KgenError
 
 # Bump when the classes below change: cached counts of an older version are recomputed.
-COUNTS_VERSION = 2
+COUNTS_VERSION = 3
 ALWAYS = ("HMMA", "LDSM", "UBLKCP", "LDG", "STG", "LDL", "STL", "BAR")  # reported even when 0
 
 # "        /*0050*/   @!P0 LDG.E.128.CONSTANT R20, desc[UR6][R2.64] ;" -> "LDG.E.128.CONSTANT"
@@ -75,7 +76,7 @@ def classify(opcode: str) -> str | None:
     if base in ("LDG", "STG"):
         widths = [_WIDTHS[m] for m in mods if m in _WIDTHS]
         return f"{base}.{widths[-1] if widths else 32}"
-    if base in ("LDSM", "UBLKCP", "LDL", "STL", "BAR"):
+    if base in ("LDSM", "UBLKCP", "LDGSTS", "LDL", "STL", "BAR"):
         return base
     return None
 
@@ -100,6 +101,11 @@ def counts(cubin: bytes) -> dict[str, int]:
     return count_text(disassemble(cubin, "--no-dataflow"))
 
 
+# What the classes a variant expects (Variant.sass_expect) are, for messages; "MMA" is any *MMA.
+EXPECT_NAMES = {"MMA": "tensor-core MMA (HMMA/QMMA/HGMMA)", "UBLKCP": "bulk copy (UBLKCP)",
+                "HGMMA": "warpgroup MMA (HGMMA)", "LDGSTS": "cp.async (LDGSTS)"}
+
+
 def mma_count(c: dict[str, int]) -> int:
     """Tensor-core MMAs of any form (bf16 HMMA, fp8 QMMA, ...)."""
     return sum(n for k, n in c.items() if k.endswith("MMA"))
@@ -112,7 +118,7 @@ def local_memory_count(c: dict[str, int]) -> int:
 def summary(c: dict[str, int]) -> str:
     """One line for tables; zero classes left out except LDL/STL:
     "HMMA 68 LDSM 45 UBLKCP 3 LDG 128x1,32x9 STG 64x32,32x1 LDL/STL 0/0 BAR 6"."""
-    parts = [f"{k} {n}" for k, n in c.items() if n and (k.endswith("MMA") or k in ("LDSM", "UBLKCP"))]
+    parts = [f"{k} {n}" for k, n in c.items() if n and (k.endswith("MMA") or k in ("LDSM", "UBLKCP", "LDGSTS"))]
     for base in ("LDG", "STG"):
         widths = sorted(((int(k.split(".")[1]), n) for k, n in c.items() if k.startswith(base + ".")), reverse=True)
         if widths:

@@ -22,7 +22,7 @@
 // row (its own scale, so every row uses e4m3's full range) and P is stored as e4m3(p * P_SCALE);
 // the scales come back in fp32 in the softmax and in the final 1/l.
 #pragma once
-#include "kgen/common.cuh"
+#include "kgen/rows.cuh"
 
 namespace kgen {
 
@@ -62,6 +62,7 @@ struct AttnConfig {
     static constexpr int INV_L_OFF = ALPHA_OFF + BM * 4;
     static constexpr int BAR_OFF = INV_L_OFF + BM * 4;  // mbarriers: full[STAGES], empty[STAGES], q
     static constexpr int SMEM_BYTES = BAR_OFF + (2 * STAGES + 1) * 8;
+    static constexpr int SCRATCH_OFF = S_OFF;  // the schedule's scratch: the partial scores are free until the first tile
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
     static constexpr int RED_COLS = BN / RED_THREADS;
@@ -94,35 +95,6 @@ template <class C>
 __device__ __forceinline__ mbarrier* q_full(char* smem) {
     return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + 2 * C::STAGES;
 }
-
-// A row source (Rows) has fetch(j) -> int, which may read global memory (a page id), and
-// row(j, fetched) -> byte pointer, which must not. The producer fetches a tile ahead so that the
-// global load is in flight while it waits for a free stage.
-struct PendingRow {
-    int j;        // row index within the range
-    int fetched;  // what Rows::fetch(j) returned
-};
-
-// Producer lane `lane`'s row of tile `tile`. Rows past the end of the keys repeat the last key:
-// they are masked out of the softmax, and a real row keeps NaN/Inf out of P·V.
-template <class C, class Rows>
-__device__ __forceinline__ PendingRow fetch_row(int tile, int lane, int num_keys, const Rows& rows) {
-    const int j = min(tile * C::BN + lane, num_keys - 1);
-    return {j, rows.fetch(j)};
-}
-
-// Rows of a contiguous [rows, ROW_BYTES] matrix starting at `base` (queries, tree keys).
-template <int ROW_BYTES>
-struct ContiguousRows {
-    const char* base;
-    __device__ __forceinline__ int fetch(int) const { return 0; }
-    __device__ __forceinline__ const char* row(int j, int) const { return base + (long long)j * ROW_BYTES; }
-};
-
-template <class C>
-using QueryRows = ContiguousRows<C::Q_ROW>;  // q rows are bf16
-template <class C>
-using KeyRows = ContiguousRows<C::KV_ROW>;  // key rows in the KV type
 
 // First key dim of this warp group's k-step `ks`: its value/latent slice, then its rope steps.
 template <class C>
@@ -324,10 +296,10 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
                                             int tile_begin, int tile_end) {
     if (tile_begin >= tile_end) return;  // (an empty range may have no keys to fetch)
     const int lane = threadIdx.x % 32;
-    PendingRow next = fetch_row<C>(tile_begin, lane, num_keys, keys);
+    PendingRow next = fetch_row<C::BN>(tile_begin, lane, num_keys, keys);
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
         const PendingRow row = next;
-        if (tile + 1 < tile_end) next = fetch_row<C>(tile + 1, lane, num_keys, keys);
+        if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, lane, num_keys, keys);
         const int stage = st.ring_pos % C::STAGES, fill = st.ring_pos / C::STAGES;
         if (fill > 0) mbar_wait(ring_empty<C>(smem, stage), (fill - 1) & 1);
         if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_ROW);
@@ -506,17 +478,18 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     }
 }
 
-// Tree visibility of a request: bit t of row token (word t / 32) says token sees tree token t.
-// `mask` points at the request's first row; rows >= num_rows of this CTA are padding.
-template <class C, int MASK_WORDS>
-struct TreeVisible {
-    const unsigned* mask;
-    int row_tile, num_rows;
-    __device__ __forceinline__ bool operator()(int r, int t) const {
-        if (r >= num_rows) return false;  // padding row: its token is not in this request
-        const int token = (row_tile * C::BM + r) / C::HEADS;
-        return ((mask[token * MASK_WORDS + (t >> 5)] >> (t & 31)) & 1u) != 0;
-    }
-};
+// Attention of the CTA's BM query rows over the key ranges `first` then `second` (NoKeys: none),
+// one online softmax; writes the partial state to part_o / part_lse. Every thread calls it.
+template <class C, class QRows, class First, class Second>
+__device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_rows, float scale_log2, float kv_scale,
+                                       const First& first, const Second& second, float* __restrict__ part_o,
+                                       float* __restrict__ part_lse) {
+    AttnState<C> st;
+    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);
+    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);
+    if constexpr (is_key_range<Second>)
+        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
+    attend_end<C>(smem, st, part_o, part_lse);
+}
 
 }  // namespace kgen

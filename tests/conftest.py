@@ -4,7 +4,8 @@
   prints; rerun with KGEN_TEST_SEED=<that seed> to reproduce a failure.
 - `cuda`: skips the test, with the reason, where torch sees no CUDA GPU.
 - `module_for(name)`: kgen.jit of a shipped spec (specs/<name>.yaml) or of a derived one
-  (DERIVED_SPECS), compiled once per session.
+  (DERIVED_SPECS), compiled once per session, with the GPU's own plan, or the plan of the arch
+  in KGEN_TEST_PLAN_ARCH (e.g. sm_120: run the suite once more with the sm_120 plan on an H200).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kgen.testing import fresh_seed
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 SESSION_SEED = int(os.environ.get("KGEN_TEST_SEED") or fresh_seed())
+PLAN_ARCH = os.environ.get("KGEN_TEST_PLAN_ARCH") or None
 
 # Specs the tests need that are not shipped: name -> (shipped base, cache fields to override).
 DERIVED_SPECS = {"glm5_p16_sm120": ("glm5_sm120", {"page_size": 16}),
@@ -40,7 +42,8 @@ def spec_named(name: str) -> kgen.Spec:
 
 
 def pytest_report_header(config):
-    return f"kgen test seed: {SESSION_SEED} (reproduce with KGEN_TEST_SEED={SESSION_SEED})"
+    plans = f"the plan of {PLAN_ARCH}" if PLAN_ARCH else "the GPU's own plan"
+    return f"kgen test seed: {SESSION_SEED} (reproduce with KGEN_TEST_SEED={SESSION_SEED}); GPU tests run {plans}"
 
 
 @pytest.fixture
@@ -61,7 +64,7 @@ def module_for(cuda):
 
     def get(name: str):
         if name not in modules:
-            modules[name] = kgen.jit(spec_named(name))
+            modules[name] = kgen.jit(spec_named(name), arch=PLAN_ARCH)
         return modules[name]
 
     return get

@@ -1,5 +1,6 @@
 """verify_attention, prefix_attention and tree_attention on the GPU against the float64 reference
-(DESIGN §5, §6): fresh random batches every run, outputs poisoned and passed as out=/lse=."""
+(DESIGN §5, §6): fresh random batches every run, outputs poisoned and passed as out=/lse=; the
+same batches through a prepared step (tests/test_step_gpu.py has its graph and launch tests)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,22 @@ def check_ops(mod, inp, what: str) -> None:
     merged = mod.merge_states(*results["prefix_attention"][:2], *results["tree_attention"][:2])
     assert_close_attention(*merged, *results["verify_attention"][2], **tolerances(mod.spec),
                            what=f"{what}: merge_states(prefix, tree)")
+    check_prepared(mod, inp, results, what)
+
+
+def check_prepared(mod, inp, one_shot: dict, what: str) -> None:
+    """The three ops through one prepared step: the same kernels on the same grids as the one-shot
+    ops, so the same bits."""
+    step = mod.prepare(inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.kv_lens, inp.op_mask)
+    q, kv_cache, k_tree, kw = inp.q, inp.kv_cache, inp.k_tree, inp.kv_kwargs
+    for op, run in (("tree_attention", lambda **o: step.tree(q, k_tree, **kw, **o)),
+                    ("verify_attention", lambda **o: step.verify(q, kv_cache, k_tree, **kw, **o)),
+                    ("prefix_attention", lambda **o: step.prefix(q, kv_cache, **kw, **o))):
+        out, lse = inp.outputs()
+        run(out=out, lse=lse)
+        assert_all_written(out, f"{what}: prepared {op} out")
+        assert torch.equal(out, one_shot[op][0]) and torch.equal(lse, one_shot[op][1]), \
+            f"{what}: prepared {op} differs from the one-shot op"
 
 
 def describe(spec_name, inp, kind) -> str:

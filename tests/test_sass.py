@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kgen import nvrtc, sass
-from kgen.build import ATTENTION_KERNELS, BuiltKernel, build_variant
+from kgen.build import BuiltKernel, build_variant
 from kgen.cache import KernelCache
 from kgen.cli import app
 from kgen.plan import plan
@@ -22,6 +22,7 @@ from kgen.render import headers, render
 from kgen.spec import load_spec
 
 SPECS = sorted((Path(__file__).resolve().parents[1] / "specs").glob("*.yaml"))
+ATTENTION_KERNELS = ("prefix_attn", "verify_attn", "tree_attn")
 # ptxas lets __launch_bounds__ override --maxrregcount unless told otherwise.
 REGISTER_CAP_32 = ("--maxrregcount=32", "--ptxas-options=--override-directive-values")
 

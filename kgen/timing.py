@@ -27,6 +27,19 @@ def events_ms(run: Callable[[], None], reps: int) -> list[float]:
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+def capture(run: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `run`, warmed up first on a side stream as torch recommends before capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    return g
+
+
 def time_rotation(calls: Sequence[Callable[[], object]], *, graph: bool = True, budget_ms: float = 150.0,
                   min_reps: int = 3, max_reps: int = 200) -> float:
     """Microseconds per call: `calls` are the same op on K different input sets."""
@@ -38,14 +51,7 @@ def time_rotation(calls: Sequence[Callable[[], object]], *, graph: bool = True, 
     torch.cuda.synchronize()
     g = None
     if graph:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm up on a side stream, as torch recommends before capture
-            run_all()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            run_all()
+        g = capture(run_all)
         run = g.replay
     else:
         run = run_all

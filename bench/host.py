@@ -1,0 +1,177 @@
+"""Host overhead of an attention call (issue 12; DESIGN §5, §9): how long Python keeps the CPU busy
+per verify call, next to how long the GPU takes for it.
+
+    python -m bench.host [--spec specs/glm5_sm120.yaml] [--shapes 1,16,4096 8,16,32768] [--out DIR]
+
+For each shape (B requests x T tree tokens x L prefix tokens, the spec's heads) and each way of
+calling it:
+- one-shot:  mod.verify_attention(...)            (prepare + run per call)
+- prepared:  step.verify(q, kv_cache, k_tree)     (mod.prepare once, as a server does per step)
+- torch.ops: torch.ops.kgen.verify_attention(...) (the custom op; allocates its outputs)
+the first two with out= given and lse allocated ("out", as the SGLang backend calls them) and
+with both allocated ("alloc"). Host µs per call is
+time.perf_counter around `--calls` back-to-back calls with no sync inside, the GPU held busy
+first (torch.cuda._sleep) so that every call only enqueues; the median of `--rounds` rounds.
+GPU µs is the prepared call replayed in a CUDA graph over rotated input sets (kgen/timing.py);
+eager µs is the wall time per call of back-to-back prepared calls up to a final sync.
+
+Prints a table and writes <out>/host-<spec>-<time>.json. Targets on the H200 (issue 12), for the
+worst shape: prepared (out=) <= 15 µs, one-shot (out=) <= 40 µs, torch.ops <= 50 µs; exit code 1
+if one is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPES = ((1, 16, 4096), (1, 16, 32768), (8, 16, 32768), (32, 64, 4096))  # (B, T, L)
+TARGETS_US = {"prepared_out": 15.0, "oneshot_out": 40.0, "torch_op": 50.0}
+MODES = ("prepared_out", "prepared_alloc", "oneshot_out", "oneshot_alloc", "torch_op")
+BUSY_CYCLES = 50_000_000  # ~25 ms of GPU sleep ahead of each round: every timed call only enqueues
+L2_ROTATIONS = 4  # rotated input sets hold this many L2 sizes of KV (GPU time only)
+
+
+def host_us(call, *, calls: int, rounds: int) -> float:
+    """Median over rounds of host µs per call of `calls` back-to-back calls, the GPU running behind."""
+    per_round = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(BUSY_CYCLES)
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        per_round.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(per_round)
+
+
+def eager_us(call, *, calls: int, rounds: int) -> float:
+    """Wall µs per call of back-to-back calls up to a final sync (host and GPU overlapped)."""
+    per_round = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+        per_round.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(per_round)
+
+
+def measure(mod, shape: tuple[int, int, int], *, calls: int, rounds: int, device) -> dict:
+    from kgen.testing import make_verify_inputs
+
+    from kgen.timing import time_rotation
+
+    b, t, length = shape
+    x = make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
+    out, _ = x.outputs()
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)
+    layer = (x.q, x.kv_cache, x.k_tree)
+    kw = x.kv_kwargs
+    modes = {
+        "prepared_out": lambda: step.verify(*layer, **kw, out=out),
+        "prepared_alloc": lambda: step.verify(*layer, **kw),
+        "oneshot_out": lambda: mod.verify_attention(*x.verify_args(), **kw, out=out),
+        "oneshot_alloc": lambda: mod.verify_attention(*x.verify_args(), **kw),
+        "torch_op": lambda: torch.ops.kgen.verify_attention(*x.verify_args(), mod.spec.name, x.kv_scale),
+    }
+    row = dict(B=b, T=t, L=length, H=mod.spec.model.num_q_heads)
+    for name, call in modes.items():
+        call()  # first calls pack parameter blocks and warm the allocator
+        row[name] = host_us(call, calls=calls, rounds=rounds)
+    row["eager_us"] = eager_us(modes["prepared_out"], calls=calls, rounds=rounds)
+
+    kv_bytes = max(1, b * length * mod.spec.model.head_dim * x.kv_cache.element_size())
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (60 << 20)
+    sets = [x] + [make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
+                  for _ in range(min(15, math.ceil(L2_ROTATIONS * l2 / kv_bytes)) - 1)]
+    steps = [mod.prepare(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens, s.op_mask) for s in sets]
+    outs = [s.outputs() for s in sets]
+    row["gpu_us"] = time_rotation([lambda s=s, st=st, o=o: st.verify(s.q, s.kv_cache, s.k_tree, **s.kv_kwargs,
+                                                                        out=o[0], lse=o[1])
+                                   for s, st, o in zip(sets, steps, outs)])
+    row["sets"] = len(sets)
+    return row
+
+
+def table(rows: list[dict], title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("B", "T", "L", "H", *(f"{m} µs" for m in MODES), "eager µs", "GPU µs"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(*(str(r[k]) for k in ("B", "T", "L", "H")), *(f"{r[m]:.1f}" for m in MODES),
+                  f"{r['eager_us']:.1f}", f"{r['gpu_us']:.1f}")
+    return t
+
+
+def verdicts(rows: list[dict]) -> dict[str, bool]:
+    """Whether the worst shape meets each host target."""
+    return {mode: max(r[mode] for r in rows) <= limit for mode, limit in TARGETS_US.items()}
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        b, t, length = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B,T,L (three integers), got {text!r}") from None
+    return b, t, length
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.host", description=__doc__.split("\n\n")[0])
+    p.add_argument("--spec", default="specs/glm5_sm120.yaml")
+    p.add_argument("--shapes", type=parse_shape, nargs="+", default=list(SHAPES), help="B,T,L ...")
+    p.add_argument("--calls", type=int, default=50, help="back-to-back calls per timed round (default 50)")
+    p.add_argument("--rounds", type=int, default=20, help="timed rounds per mode; the median is reported")
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON (default bench/results)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: bench.host needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    from rich.console import Console
+
+    import kgen
+
+    spec = kgen.load_spec(a.spec)
+    device = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    mod = kgen.jit(spec)
+    rows = []
+    for shape in a.shapes:
+        rows.append(measure(mod, shape, calls=a.calls, rounds=a.rounds, device=device))
+        print(rows[-1], flush=True)
+    ok = verdicts(rows)
+    result = dict(spec=spec.name, device=props.name, torch=torch.__version__, python=platform.python_version(),
+                  kgen=kgen.__version__, calls=a.calls, rounds=a.rounds, targets_us=TARGETS_US, meets_targets=ok,
+                  rows=rows)
+    a.out.mkdir(parents=True, exist_ok=True)
+    path = a.out / f"host-{spec.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=1))
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(table(rows, f"host µs per verify call, {spec.name} on {props.name}"))
+    console.print("targets (worst shape): " + ", ".join(f"{m} <= {TARGETS_US[m]:.0f} µs: {'yes' if v else 'NO'}"
+                                                         for m, v in ok.items()))
+    console.print(f"wrote {path}")
+    return 0 if all(ok.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

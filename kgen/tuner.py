@@ -1,0 +1,64 @@
+"""`kgen tune`: time candidate attention tilings per shape bucket on the GPU present and keep the
+winners in a tuned table (kgen/tuning.py), timed as the benchmark times (kgen/timing.py: CUDA-graph
+replays over rotated input sets, so no call reads KV still in L2).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+from typing import Callable
+
+import torch
+
+from .ops import Module
+from .plan import choose_attention_tiles
+from .spec import Spec
+from .testing import make_verify_inputs
+from .timing import time_rotation
+from .tuning import Bucket, Choice, Table, buckets, candidates, decide, find_table, shape_of, spec_digest, tiles_text
+from . import __version__
+
+L2_ROTATION_BYTES = 4 * 60 << 20  # rotated input sets hold at least four H200 L2s of KV
+
+
+def _calls(mod: Module, spec: Spec, bucket: Bucket, generator: torch.Generator) -> list[Callable[[], object]]:
+    """One call per rotated input set of the bucket's shape (decode: prefix attention alone)."""
+    t, b, l = shape_of(bucket, spec.tree.nodes)
+    sets = max(2, min(8, math.ceil(L2_ROTATION_BYTES / (b * (l + t) * spec.model.head_dim * 2))))
+    ins = [make_verify_inputs(spec, [t] * b, [l] * b, generator=generator, device=mod.device) for _ in range(sets)]
+    if t == 1:
+        return [partial(mod.prefix_attention, *x.prefix_args(), **x.kv_kwargs) for x in ins]
+    return [partial(mod.verify_attention, *x.verify_args(), **x.kv_kwargs) for x in ins]
+
+
+def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] | None = None,
+         seed: int = 1234) -> Table:
+    """Tune `spec` on the current GPU within about `budget_s` seconds (the buckets not reached keep
+    the previous table's choice). Each bucket: every candidate timed once on the same inputs, the
+    heuristic tiling once more for the noise; tuning.decide picks."""
+    start = time.monotonic()
+    default = Module(spec)
+    heuristic = choose_attention_tiles(spec, default.plan.arch)
+    mods = {tiles_text(heuristic): Module(spec, tiles=heuristic)}
+    for tiles in candidates(spec, default.plan.arch):
+        mods.setdefault(tiles_text(tiles), Module(spec, tiles=tiles))
+    arch = default.plan.arch.name
+    old = find_table(spec, arch)
+    generator = torch.Generator(device=default.device).manual_seed(seed)
+    choices = dict(old.choices) if old else {}
+    base = tiles_text(heuristic)
+    for bucket in buckets():
+        if time.monotonic() - start > budget_s:
+            break
+        times = {text: time_rotation(_calls(m, spec, bucket, generator)) for text, m in mods.items()}
+        again = time_rotation(_calls(mods[base], spec, bucket, generator))
+        noise = abs(again - times[base]) / times[base]
+        incumbent = tiles_text(old.choices[bucket.key].tiles) if old and bucket.key in old.choices else base
+        chosen = decide(times, incumbent, noise)
+        choices[bucket.key] = Choice(mods[chosen].plan.tiles, times[chosen], times[base], noise)
+        if on_bucket:
+            on_bucket(bucket, {"times": times, "noise": noise, "chosen": chosen})
+        torch.cuda.empty_cache()
+    return Table(spec.name, spec_digest(spec), arch, __version__, torch.cuda.get_device_name(default.device), choices)

@@ -1,0 +1,359 @@
+"""Prepared steps and launch packing on the CPU (no GPU needed).
+
+The module's kernels are stand-ins that decode each launch's kernelParams the way the driver
+does: kernelParams[i] is read as a pointer, and sizeof(C type of parameter i) bytes are read
+there. So these tests check, byte for byte, what a GPU would receive: every argument of every
+launch, and that a layer call repacks nothing but its own tensors. They also check that bad
+per-layer tensors raise before anything is launched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+import kgen
+from kgen import fp8
+from kgen.ops import MIN_SPLIT_TILES, ZERO_LENS, Module
+from kgen.plan import plan, work_capacity
+from kgen.runtime import Kernel
+from kgen.signature import Param, ParamLayout
+from kgen.step import workspace_layout
+from kgen.tuning import tiles_text
+from kgen.testing import make_verify_inputs
+
+from conftest import spec_named
+from test_attention_gpu import BAD_INPUTS, OP_ARGS
+
+SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
+_FORMATS = {"int": "<i", "unsigned": "<I", "long long": "<q", "float": "<f"}
+
+
+def decode(params: tuple[Param, ...], address: int) -> dict[str, object]:
+    """The arguments a launch with kernelParams = `address` passes, as the driver reads them."""
+    pointers = (ctypes.c_void_p * len(params)).from_address(address)
+    args = {}
+    for p, where in zip(params, pointers):
+        raw = ctypes.string_at(where, ctypes.sizeof(p.ctypes_type))
+        args[p.name] = struct.unpack("<Q" if p.is_pointer else _FORMATS[p.ctype], raw)[0]
+    return args
+
+
+class RecordingKernel:
+    def __init__(self, variant, log: list):
+        self.variant, self.log = variant, log
+        self.layout = ParamLayout(variant.params)
+
+    def launch(self, grid, params, stream):
+        self.log.append((self.variant.name, grid, params.address, decode(self.variant.params, params.address)))
+
+
+def stub_module(spec_name: str = "glm5_sm120", sm_count: int = 132) -> Module:
+    """A Module on the CPU whose kernels record their launches in mod.launches."""
+    mod = Module.__new__(Module)
+    mod.spec = spec_named(spec_name)
+    mod.plan = plan(mod.spec)
+    mod.device, mod.sm_count = torch.device("cpu"), sm_count
+    mod.launches = []
+    mod.k = {v.name: RecordingKernel(v, mod.launches) for v in mod.plan.variants}
+    mod.table, mod.plans, mod._kernels = None, {tiles_text(mod.plan.tiles): mod.plan}, {tiles_text(mod.plan.tiles): mod.k}
+    mod.stream = lambda: None
+    mod.error_flag = torch.zeros(1, dtype=torch.int32)
+    mod._zeros = torch.zeros(ZERO_LENS, dtype=torch.int32)
+    return mod
+
+
+def inputs(mod, sizes=(5, 64, 2), lens=(40, 7, 0), seed=0):
+    return make_verify_inputs(mod.spec, list(sizes), list(lens), generator=torch.Generator().manual_seed(seed))
+
+
+def ptr(t) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def expected_launches(mod, x, op: str, out, lse, workspace: int, *, step_has_prefix: bool, layer=None):
+    """The launches of one call, from DESIGN §5 and the kernels' C signatures: `x` holds the
+    batch, `layer` (default x) the layer's q, kv_cache and k_tree; `workspace` is its address."""
+    layer = layer or x
+    tokens, batch = x.q.shape[0], x.qo_indptr.numel() - 1
+    target = mod.sm_count * mod.plan.tiles.min_blocks
+    prefix_grid, tree_grid = work_capacity(mod.plan, tokens, batch, target)
+    off_lse, off_meta, _ = workspace_layout(mod, mod.plan, prefix_grid if step_has_prefix else tree_grid, batch)
+    scratch = dict(part_o=workspace, part_lse=workspace + off_lse)
+    attn = dict(q=ptr(layer.q), kv_scale=1.0, qo_indptr=ptr(x.qo_indptr), batch=batch, target_ctas=target,
+                min_split_tiles=MIN_SPLIT_TILES, min_splits=int(op != "prefix"),
+                max_nodes=mod.spec.tree.nodes if op != "prefix" else tokens, total_tokens=tokens, validate=0,
+                error_flag=ptr(mod.error_flag), req_meta=workspace + off_meta, **scratch)
+    if op == "tree":
+        attn.update(kv_lens=ptr(mod._zeros))
+    else:
+        attn.update(kv_lens=ptr(x.kv_lens), kv_cache=ptr(layer.kv_cache), kv_indptr=ptr(x.kv_indptr),
+                    kv_indices=ptr(x.kv_indices), num_slots=layer.kv_cache.shape[0])
+    if op != "prefix":
+        attn.update(k_tree=ptr(layer.k_tree), tree_mask=ptr(x.op_mask))
+    combine = dict(qo_indptr=ptr(x.qo_indptr), req_meta=workspace + off_meta, batch=batch, o=ptr(out), lse=ptr(lse),
+                   **scratch)
+    return [(f"{op}_attn", tree_grid if op == "tree" else prefix_grid, attn),
+            ("lse_combine", tokens * mod.spec.model.num_q_heads, combine)]
+
+
+def launched(mod):
+    return [(name, grid, args) for name, grid, _, args in mod.launches]
+
+
+# ---- parameter blocks --------------------------------------------------------------------------
+
+
+def test_param_block_holds_each_argument_at_its_pointer_in_its_c_type():
+    params = (Param("p", "const float*"), Param("n", "int"), Param("u", "unsigned"), Param("big", "long long"),
+              Param("x", "float"), Param("null", "int*"), Param("k", "int"), Param("y", "float"))
+    t = torch.zeros(4)
+    block = ParamLayout(params).pack(p=t, n=-7, u=2**32 - 1, big=-(2**40), x=0.1, null=None, k=3, y=2)
+    assert decode(params, block.address) == dict(p=t.data_ptr(), n=-7, u=2**32 - 1, big=-(2**40),
+                                                 x=struct.unpack("<f", struct.pack("<f", 0.1))[0], null=0, k=3, y=2.0)
+    address = block.address
+    block.values.p, block.values.x = 12345, 2.5  # the per-layer update: in place, same kernelParams
+    assert block.address == address and decode(params, address)["p"] == 12345 and decode(params, address)["x"] == 2.5
+
+
+def test_every_kernel_of_every_spec_packs_where_ctypes_reads():
+    for path in sorted(SPEC_DIR.glob("*.yaml")):
+        for v in plan(kgen.load_spec(path)).variants:
+            layout = ParamLayout(v.params)  # checks struct's offsets against ctypes' itself
+            values = {p.name: i + 1 for i, p in enumerate(v.params)}
+            assert decode(v.params, layout.pack(**values).address) == values, v.name
+
+
+def test_param_layout_rejects_missing_unexpected_overflowing_and_tensor_scalars():
+    layout = ParamLayout((Param("n", "int"), Param("p", "int*")))
+    with pytest.raises(TypeError, match=r"missing \['p'\], unexpected \[\]"):
+        layout.pack(n=1)
+    with pytest.raises(TypeError, match=r"unexpected \['m'\]"):
+        layout.pack(n=1, p=None, m=2)
+    with pytest.raises(ValueError, match="kernel argument n: 2147483648 does not fit a C int"):
+        layout.pack(n=2**31, p=None)
+    with pytest.raises(TypeError, match="kernel argument n: expected a Python int or float, got Tensor"):
+        layout.pack(n=torch.tensor(3), p=None)  # not its value: a tensor is never a scalar argument
+
+
+def test_kernel_launch_passes_the_block_address_as_kernel_params():
+    calls = []
+    kernel = Kernel.__new__(Kernel)
+    kernel.variant = plan(spec_named("glm5_sm120")).variant("lse_combine")
+    kernel._func, kernel._threads, kernel._smem = "func", 128, 0
+    kernel._launch = lambda *args: calls.append(args) or (0,)
+    block = ParamLayout(kernel.variant.params).pack(part_o=1, part_lse=2, qo_indptr=3, req_meta=4, batch=5, o=6, lse=7)
+    kernel.launch(40, block, "stream")
+    assert calls == [("func", 40, 1, 1, 128, 1, 1, 0, "stream", block.address, 0)]
+    assert isinstance(calls[0][9], int)  # cuda-python reads an int kernelParams as a ready void**
+
+
+# ---- what a call launches ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_static5_sm120", "glm5_p16_sm120"])
+def test_one_shot_ops_launch_attention_and_combine_with_every_argument(spec_name):
+    mod = stub_module(spec_name)
+    x = inputs(mod, (5, 5, 5) if mod.spec.tree.is_static else (5, 64, 2))
+    for op, call in (("verify", lambda **o: mod.verify_attention(*x.verify_args(), **o)),
+                     ("prefix", lambda **o: mod.prefix_attention(*x.prefix_args(), **o)),
+                     ("tree", lambda **o: mod.tree_attention(*x.tree_args(), **o))):
+        mod.launches.clear()
+        out, lse = x.outputs()
+        assert call(out=out, lse=lse) == (out, lse)
+        workspace = mod.launches[0][3]["part_o"]  # the call's own step allocated it
+        assert launched(mod) == expected_launches(mod, x, op, out, lse, workspace, step_has_prefix=op != "tree"), op
+
+
+def test_a_step_packs_once_and_a_layer_call_rewrites_only_its_own_tensors():
+    mod = stub_module()
+    x = inputs(mod)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    layers = [inputs(mod, seed=s) for s in (1, 2, 3)]  # the same batch: another layer's q, cache and keys
+    outputs = [y.outputs() for y in layers]
+    for y, (out, lse) in zip(layers, outputs):
+        step.verify(y.q, y.kv_cache, y.k_tree, out=out, lse=lse)
+    assert len({(name, address) for name, _, address, _ in mod.launches}) == 2, "two blocks, packed once"
+    assert launched(mod) == [launch for y, (out, lse) in zip(layers, outputs) for launch in expected_launches(
+        mod, x, "verify", out, lse, step.workspace.data_ptr(), step_has_prefix=True, layer=y)]
+
+
+def test_one_step_runs_verify_prefix_and_tree():
+    mod = stub_module()
+    x = inputs(mod)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    for op, call in (("tree", lambda o, l: step.tree(x.q, x.k_tree, out=o, lse=l)),
+                     ("prefix", lambda o, l: step.prefix(x.q, x.kv_cache, out=o, lse=l)),
+                     ("verify", lambda o, l: step.verify(x.q, x.kv_cache, x.k_tree, out=o, lse=l))):
+        mod.launches.clear()
+        out, lse = x.outputs()
+        call(out, lse)
+        assert launched(mod) == expected_launches(mod, x, op, out, lse, step.workspace.data_ptr(),
+                                                  step_has_prefix=True), op
+
+
+def test_tree_calls_read_zero_prefix_lengths():
+    mod = stub_module()
+    x = inputs(mod)
+    mod._zeros.fill_(0)
+    mod.tree_attention(*x.tree_args())
+    kv_lens = mod.launches[0][3]["kv_lens"]
+    assert ctypes.string_at(kv_lens, 4 * 3) == bytes(12)
+
+
+def test_fp8_tree_keys_in_bf16_are_quantized_with_the_layer_scale():
+    mod = stub_module("glm5_fp8_sm120")
+    x = inputs(mod)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    seen = []
+    verify = mod.k["verify_attn"]
+
+    def launch(grid, params, stream):  # reads the keys as the kernel would, while they exist
+        args = decode(verify.variant.params, params.address)
+        seen.append((args, ctypes.string_at(args["k_tree"], x.k_tree.numel())))
+
+    verify.launch = launch
+    step.verify(x.q, x.kv_cache, x.k_tree, kv_scale=0.75)
+    [(args, keys)] = seen
+    assert args["kv_scale"] == 0.75
+    assert keys == fp8.quantize(x.k_tree, 0.75).view(torch.uint8).numpy().tobytes()
+
+
+def test_workspace_is_allocated_per_step_or_shared():
+    mod = stub_module()
+    x = inputs(mod)
+    need = mod.workspace_bytes(x.q.shape[0], 3)
+    shared = torch.empty(need, dtype=torch.uint8)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask, workspace=shared)
+    step.verify(x.q, x.kv_cache, x.k_tree)
+    args = mod.launches[0][3]
+    assert args["part_o"] == shared.data_ptr()
+    assert shared.data_ptr() < args["part_lse"] < args["req_meta"] < shared.data_ptr() + need
+    assert all(args[k] % 256 == shared.data_ptr() % 256 for k in ("part_lse", "req_meta"))
+    with pytest.raises(ValueError, match=rf"workspace: this step needs {need} bytes"):
+        mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask, workspace=shared[:-16])
+
+
+def test_validate_mode_is_read_like_the_cache_switches(monkeypatch):
+    mod = stub_module()
+    x = inputs(mod)
+    for value, on in (("", 0), ("0", 0), ("false", 0), ("No", 0), (" FALSE ", 0), ("1", 1), ("yes", 1), ("true", 1)):
+        monkeypatch.setenv("KGEN_VALIDATE", value)
+        mod.launches.clear()
+        mod.verify_attention(*x.verify_args())
+        assert mod.launches[0][3]["validate"] == on, repr(value)
+
+
+def test_validate_mode_raises_what_the_device_reported(monkeypatch):
+    monkeypatch.setenv("KGEN_VALIDATE", "1")
+    mod = stub_module()
+    x = inputs(mod)
+    mod.error_flag.fill_(7)
+    mod.k["verify_attn"].launch = lambda *a: mod.error_flag.fill_(2)  # a page outside kv_cache
+    with pytest.raises(ValueError, match=r"\bkv_indices\b"):
+        mod.verify_attention(*x.verify_args())
+    mod.k["verify_attn"].launch = lambda *a: None
+    mod.verify_attention(*x.verify_args())  # the flag is cleared before each call
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+
+CPU_BAD_INPUTS = [b for b in BAD_INPUTS if b[0] != "q is on the CPU"] + [
+    ("q is on another device", "q", lambda a: {"q": a["q"].to("meta")}),
+    ("kv_cache is on another device", "kv_cache", lambda a: {"kv_cache": a["kv_cache"].to("meta")}),
+]
+
+
+@pytest.mark.parametrize("op,wrong,arg,breaks", [
+    (op, wrong, arg, breaks) for op, names in OP_ARGS.items() for wrong, arg, breaks in CPU_BAD_INPUTS
+    if arg in names + ("out", "lse")
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_bad_input_is_named_before_any_launch(op, wrong, arg, breaks):
+    mod = stub_module()
+    x = inputs(mod)
+    kwargs = {name: getattr(x, name) for name in OP_ARGS[op]}
+    kwargs.update(breaks(kwargs))
+    with pytest.raises((ValueError, TypeError), match=rf"\b{arg}\b"):
+        getattr(mod, op)(**kwargs)
+    assert mod.launches == []
+
+
+@pytest.mark.parametrize("wrong,arg,call", [
+    ("q with an extra token", "q", lambda s, x: s.verify(torch.cat([x.q, x.q[:1]]), x.kv_cache, x.k_tree)),
+    ("q float32", "q", lambda s, x: s.verify(x.q.float(), x.kv_cache, x.k_tree)),
+    ("kv_cache 3-D with 2 heads", "kv_cache", lambda s, x: s.prefix(x.q, x.kv_cache.view(-1, 2, 288))),
+    ("kv_cache a view at an odd offset", "kv_cache",
+     lambda s, x: s.verify(x.q, x.kv_cache.view(-1)[4:-572].view(-1, 576), x.k_tree)),
+    ("k_tree missing", "k_tree", lambda s, x: s.verify(x.q, x.kv_cache, None)),
+    ("k_tree one row short", "k_tree", lambda s, x: s.tree(x.q, x.k_tree[1:])),
+    ("out bf16 of the wrong width", "out", lambda s, x: s.verify(x.q, x.kv_cache, x.k_tree,
+                                                                 out=torch.empty(71, 8, 576, dtype=torch.bfloat16))),
+    ("lse non-contiguous", "lse", lambda s, x: s.prefix(x.q, x.kv_cache, lse=torch.empty(8, 71).t())),
+    ("kv_scale on a bf16 cache", "kv_scale", lambda s, x: s.verify(x.q, x.kv_cache, x.k_tree, kv_scale=2.0)),
+    ("kv_scale a tensor", "kv_scale", lambda s, x: s.verify(x.q, x.kv_cache, x.k_tree, kv_scale=torch.tensor(1.0))),
+])
+def test_bad_per_layer_tensors_are_named_by_a_prepared_step(wrong, arg, call):
+    mod = stub_module()
+    x = inputs(mod)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    with pytest.raises((ValueError, TypeError), match=rf"\b{arg}\b"):
+        call(step, x)
+    assert mod.launches == []
+    step.verify(x.q, x.kv_cache, x.k_tree)  # the step still works after a refused call
+    assert [name for name, *_ in mod.launches] == ["verify_attn", "lse_combine"]
+
+
+def test_a_step_says_what_it_was_prepared_without():
+    mod = stub_module()
+    x = inputs(mod)
+    tree_only = mod.prepare(x.qo_indptr, tree_mask=x.tree_mask)
+    with pytest.raises(ValueError, match="kv_indptr/kv_indices/kv_lens: this step was prepared without a prefix"):
+        tree_only.verify(x.q, x.kv_cache, x.k_tree)
+    prefix_only = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, num_tokens=x.q.shape[0])
+    with pytest.raises(ValueError, match="tree_mask: this step was prepared without a tree mask"):
+        prefix_only.tree(x.q, x.k_tree)
+    with pytest.raises(ValueError, match="num_tokens: a step without a tree mask needs num_tokens"):
+        mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens)
+    with pytest.raises(TypeError, match="num_tokens: expected an int"):
+        mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, num_tokens=71.0)
+    with pytest.raises(TypeError, match=r"\bkv_indices\b"):
+        mod.prepare(x.qo_indptr, x.kv_indptr, None, x.kv_lens, x.tree_mask)
+    assert mod.launches == []
+
+
+def test_static_tree_steps_take_no_mask_and_check_the_token_count():
+    mod = stub_module("glm5_static5_sm120")
+    x = inputs(mod, (5, 5), (10, 0))
+    with pytest.raises(ValueError, match="tree_mask: spec glm5_static5_sm120 has a static tree compiled in"):
+        mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens)
+    assert step.num_tokens == 10
+    q9 = x.q[:9].contiguous()
+    with pytest.raises(ValueError, match=r"q: a static tree of 5 nodes needs 2 x 5 tokens, got 9"):
+        mod.verify_attention(q9, x.kv_cache, x.k_tree[:9].contiguous(), x.qo_indptr, x.kv_indptr, x.kv_indices,
+                             x.kv_lens, None)
+    mod.prefix_attention(q9, x.kv_cache, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens)  # no tree: any count
+
+
+def test_empty_batches_check_their_tensors_and_launch_nothing():
+    mod = stub_module()
+    x = inputs(mod, (0, 0), (5, 0))
+    out, lse = mod.verify_attention(*x.verify_args())
+    assert out.shape == (0, 8, 512) and lse.shape == (0, 8) and mod.launches == []
+    with pytest.raises(ValueError, match=r"\bk_tree\b"):
+        mod.verify_attention(*x.verify_args()[:2], x.k_tree[:, :512], *x.verify_args()[3:])
+
+
+def test_the_zero_lengths_buffer_grows_for_big_tree_only_batches(monkeypatch):
+    mod = stub_module()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    x = inputs(mod, [1] * (ZERO_LENS + 1), [0] * (ZERO_LENS + 1))
+    mod.tree_attention(*x.tree_args())
+    assert mod._zeros.numel() > ZERO_LENS and mod.launches[0][3]["kv_lens"] == mod._zeros.data_ptr()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
+        mod.zero_lens(10 * ZERO_LENS)

@@ -1,0 +1,151 @@
+"""Prepared steps on the GPU (DESIGN §5 "Prepared steps"): an attention call is two launches, a
+CUDA graph of several layers' calls replays correctly after the metadata is refilled in place,
+and steps can share one workspace. (tests/test_attention_gpu.py runs every random and edge batch
+through a prepared step too; tests/test_step.py checks the packing on the CPU.)"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from kgen.timing import capture
+from kgen import fp8
+from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs, poison_,
+                          tolerances)
+
+from test_attention_gpu import generator, load
+
+pytestmark = pytest.mark.gpu
+
+
+def gpu_activities(fn) -> list[str]:
+    """Names of the kernels, memsets and copies that one call of `fn` puts on the GPU."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_static5_sm120", "glm5_fp8_sm120"])
+def test_an_attention_call_is_two_launches(module_for, cuda, seed, spec_name):
+    mod = module_for(spec_name)
+    dims = Dims.of(mod.spec)
+    sizes = [dims.max_nodes] * 2 if dims.parents else [7, 30]
+    x = make_verify_inputs(dims, sizes, [300, 45], device=cuda, generator=generator(cuda, seed))
+    k_tree = fp8.quantize(x.k_tree, x.kv_scale) if x.kv_fp8 else x.k_tree  # bf16 keys would add a quantize
+    out, lse = x.outputs()
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)
+    verify_args = (x.q, x.kv_cache, k_tree, *x.verify_args()[3:])
+    calls = {
+        "step.verify": ("verify_attn", lambda: step.verify(x.q, x.kv_cache, k_tree, **x.kv_kwargs, out=out, lse=lse)),
+        "step.verify, new outputs": ("verify_attn", lambda: step.verify(x.q, x.kv_cache, k_tree, **x.kv_kwargs)),
+        "step.prefix": ("prefix_attn", lambda: step.prefix(x.q, x.kv_cache, **x.kv_kwargs, out=out, lse=lse)),
+        "step.tree": ("tree_attn", lambda: step.tree(x.q, k_tree, **x.kv_kwargs, out=out, lse=lse)),
+        "verify_attention": ("verify_attn", lambda: mod.verify_attention(*verify_args, **x.kv_kwargs)),
+        "prefix_attention": ("prefix_attn", lambda: mod.prefix_attention(*x.prefix_args(), **x.kv_kwargs)),
+        "tree_attention": ("tree_attn", lambda: mod.tree_attention(x.q, k_tree, *x.tree_args()[2:], **x.kv_kwargs)),
+        "torch.ops.kgen.verify_attention": ("verify_attn", lambda: torch.ops.kgen.verify_attention(
+            *verify_args, mod.spec.name, x.kv_scale)),
+    }
+    for what, (kernel, call) in calls.items():
+        call()  # a step packs a kernel's parameters on its first call
+        names = gpu_activities(call)
+        assert len(names) == 2 and names[0].startswith(f"{kernel}__") and names[1].startswith("lse_combine__"), \
+            f"{what}: {names}"
+    assert gpu_activities(lambda: mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)) == []
+
+
+def split(total: int, parts: int, most: int, rng: random.Random) -> list[int]:
+    """`total` tokens over `parts` requests at random, at most `most` each (zeros allowed)."""
+    sizes = [0] * parts
+    for _ in range(total):
+        sizes[rng.choice([i for i in range(parts) if sizes[i] < most])] += 1
+    return sizes
+
+
+@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_p16_sm120", "deepseek_v3_sm120", "glm5_static5_sm120",
+                                       "glm5_fp8_sm120"])
+def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, cuda, seed, spec_name):
+    """Three layers' verify calls (and layer 0's prefix and tree calls) of one step in one graph,
+    replayed after new lengths, pages, tree shapes (the same token count, split otherwise) and
+    masks are copied into the step's metadata tensors and new layer inputs into theirs."""
+    mod = module_for(spec_name)
+    dims = Dims.of(mod.spec)
+    rng, g = random.Random(seed), generator(cuda, seed)
+    batch_size, max_len, layers = 4, 3000, 3
+    total = batch_size * dims.max_nodes if dims.parents else rng.randint(batch_size, batch_size * dims.max_nodes)
+    pool = batch_size * math.ceil(max_len / dims.page_size) + 4
+    fp8_kv = dims.kv_dtype == "float8_e4m3fn"
+    scales = [rng.uniform(0.25, 4.0) if fp8_kv else 1.0 for _ in range(layers)]  # kept by the graph, per layer
+
+    def randn(t):
+        return torch.randn(t.shape, generator=g, device=cuda, dtype=t.dtype)
+
+    def batch(lens):
+        """One batch's inputs for every layer: the same metadata, each layer its own q, cache and keys."""
+        sizes = [dims.max_nodes] * batch_size if dims.parents else split(total, batch_size, dims.max_nodes, rng)
+        first = make_verify_inputs(replace(dims, kv_dtype="bfloat16"), sizes, lens, tree_kind=rng.choice(TREE_KINDS),
+                                   device=cuda, generator=g, num_pages=pool)
+        unused = first.kv_cache[:, 0].isnan()
+        per_layer = [first] + [replace(first, q=randn(first.q), k_tree=randn(first.k_tree),
+                                       kv_cache=randn(first.kv_cache).masked_fill(unused[:, None], float("nan")))
+                               for _ in range(layers - 1)]
+        return [x.to_fp8(s) if fp8_kv else x for x, s in zip(per_layer, scales)]
+
+    captured = batch([rng.randint(0, 64) for _ in range(batch_size)])  # captured with short prefixes
+    meta = {name: getattr(captured[0], name).clone() for name in ("qo_indptr", "kv_indptr", "kv_lens", "tree_mask")}
+    meta["kv_indices"] = torch.empty(pool, dtype=torch.int32, device=cuda)
+    load(meta, captured[0])
+    inputs = [{name: getattr(x, name).clone() for name in ("q", "kv_cache", "k_tree")} for x in captured]
+    step = mod.prepare(meta["qo_indptr"], meta["kv_indptr"], meta["kv_indices"], meta["kv_lens"],
+                       None if dims.parents else meta["tree_mask"])
+    outs = [captured[0].outputs() for _ in range(layers + 2)]  # each layer's verify, layer 0's prefix and tree
+
+    def forward():
+        for layer, (x, (o, s)) in enumerate(zip(inputs, outs)):
+            step.verify(x["q"], x["kv_cache"], x["k_tree"], kv_scale=scales[layer], out=o, lse=s)
+        x = inputs[0]
+        step.prefix(x["q"], x["kv_cache"], kv_scale=scales[0], out=outs[-2][0], lse=outs[-2][1])
+        step.tree(x["q"], x["k_tree"], kv_scale=scales[0], out=outs[-1][0], lse=outs[-1][1])
+
+    graph = capture(forward)
+
+    for replay, lens in enumerate([[max_len] * batch_size, [0, max_len, 1, max_len - 1],
+                                   [rng.randint(0, max_len) for _ in range(batch_size)], [0] * batch_size]):
+        new = batch(lens)
+        load(meta, new[0])
+        for buffers, x in zip(inputs, new):
+            for name, buf in buffers.items():
+                buf.copy_(getattr(x, name))
+        for o, s in outs:
+            poison_(o)
+            poison_(s)
+        graph.replay()
+        sizes = new[0].qo_indptr.diff().tolist()
+        checks = [(f"layer {layer} verify", x.verify_ref) for layer, x in enumerate(new)]
+        checks += [("layer 0 prefix", new[0].prefix_ref), ("layer 0 tree", new[0].tree_ref)]
+        for (what, ref), (o, s) in zip(checks, outs):
+            what = f"{spec_name} replay {replay} T={sizes} L={lens}: {what}"
+            assert_all_written(o, f"{what} out")
+            assert_all_written(s, f"{what} lse")
+            assert_close_attention(o, s, *ref(), **tolerances(mod.spec), what=what)
+
+
+def test_steps_can_share_one_workspace(module_for, cuda, seed):
+    mod = module_for("glm5_sm120")
+    g = generator(cuda, seed)
+    batches = [make_verify_inputs(mod.spec, sizes, lens, device=cuda, generator=g)
+               for sizes, lens in (([16] * 8, [4000, 1, 0, 77, 129, 3000, 64, 65]), ([5, 64], [20000, 300]))]
+    need = max(mod.workspace_bytes(x.q.shape[0], x.kv_lens.numel()) for x in batches)
+    workspace = torch.empty(need, dtype=torch.uint8, device=cuda)
+    steps = [mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask, workspace=workspace)
+             for x in batches]
+    for _ in range(2):
+        for i, (step, x) in enumerate(zip(steps, batches)):
+            o, lse = step.verify(x.q, x.kv_cache, x.k_tree)
+            assert_close_attention(o, lse, *x.verify_ref(), what=f"step {i} on the shared workspace")
