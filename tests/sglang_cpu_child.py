@@ -22,29 +22,43 @@ from kgen.reference import prefix_attention_ref, verify_attention_ref  # noqa: E
 
 
 class RefModule:
-    """kgen.jit's op module, computed by kgen.reference on the CPU; records its calls."""
+    """kgen.jit's op module, computed by kgen.reference on the CPU; records its layer calls."""
 
     def __init__(self, spec):
         self.spec, self.device, self.calls = spec, torch.device("cpu"), []
         m = spec.model
         self.args = (1, m.softmax_scale, m.value_dim)
 
-    def verify_attention(self, q, kv_cache, k_tree, qo, kv_indptr, kv_indices, kv_lens, tree_mask, *, kv_scale=1.0,
-                         out=None, lse=None):
-        self.calls.append("verify")
-        o, _ = verify_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), k_tree, qo, kv_indptr, kv_indices,
-                                    kv_lens, tree_mask, *self.args, kv_scale=kv_scale)
-        return out.copy_(o), None
+    def workspace_bytes(self, num_tokens, batch):
+        return 1
 
-    def prefix_attention(self, q, kv_cache, qo, kv_indptr, kv_indices, kv_lens, *, kv_scale=1.0, out=None, lse=None):
-        self.calls.append("prefix")
-        o, _ = prefix_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), qo, kv_indptr, kv_indices, kv_lens,
-                                    *self.args, kv_scale=kv_scale)
-        return out.copy_(o), None
+    def prepare(self, qo, kv_indptr, kv_indices, kv_lens, tree_mask, *, num_tokens, workspace=None):
+        assert qo.numel() - 1 == kv_lens.numel() and (tree_mask is None or tree_mask.shape[0] == num_tokens)
+        return RefStep(self, (qo, kv_indptr, kv_indices, kv_lens), tree_mask)
 
     def defrag(self, layers, src, dst):
         for layer in layers:
             layer[dst] = layer[src].clone()
+
+
+class RefStep:
+    """A prepared step: reads the metadata tensors at each call, as kgen's kernels do."""
+
+    def __init__(self, mod: RefModule, prefix, tree_mask):
+        self.mod, self.prefix_meta, self.tree_mask = mod, prefix, tree_mask
+
+    def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
+        self.mod.calls.append("verify")
+        qo, kv_indptr, kv_indices, kv_lens = self.prefix_meta
+        o, _ = verify_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), k_tree, qo, kv_indptr, kv_indices,
+                                    kv_lens, self.tree_mask, *self.mod.args, kv_scale=kv_scale)
+        return out.copy_(o), None
+
+    def prefix(self, q, kv_cache, *, kv_scale=1.0, out=None, lse=None):
+        self.mod.calls.append("prefix")
+        o, _ = prefix_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), *self.prefix_meta, *self.mod.args,
+                                    kv_scale=kv_scale)
+        return out.copy_(o), None
 
 
 def defrag_pass(h: Harness, gen: torch.Generator) -> dict:

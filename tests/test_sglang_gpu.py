@@ -30,7 +30,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kgen.integrations.sglang import KgenMLA, prepare
+from kgen.integrations.sglang import KgenMLA
 from kgen.reference import prefix_attention_ref
 from kgen.testing import FP8_O_TOL
 
@@ -158,7 +158,7 @@ def test_verify_graph_capture_replays_changed_inputs(core, sglang, seed, bs, n):
                          tokens_per_req=n, verify=True, custom_mask=static["mask"], graph=True)
 
     first = Batch(core, random_lens(gen, bs, 1000), n, gen, num_slots=num_slots)
-    prepared = prepare(core.module, load(first, bs))  # the buffers are refilled in place before each replay
+    prepared = core.prepare(load(first, bs), bs * n)  # the buffers are refilled in place before each replay
 
     def step():
         prepared.verify(static["q"], pool, static["k"].view(-1, d), out=static["out"].view(-1, h, core.vdim))
@@ -196,7 +196,7 @@ def test_decode_matches_the_reference(core, sglang, seed):
         meta = core.plan(batch.seq_lens, batch.fill(gather), tokens_per_req=1, verify=False,
                          capacity=int(batch.seq_lens.sum()))
         got = torch.full((bs, core.heads, core.vdim), float("nan"), dtype=torch.bfloat16, device=core.device)
-        prepare(core.module, meta).prefix(batch.q, batch.pool, out=got)
+        core.prepare(meta, bs).prefix(batch.q, batch.pool, out=got)
         want, _ = prefix_attention_ref(batch.q, batch.pool.view(-1, core.dim), meta.qo_indptr, meta.kv_indptr,
                                        meta.kv_indices, meta.kv_lens, 1, core.scale, core.vdim)
         err = rel_l2(got, want)
@@ -227,7 +227,7 @@ def test_an_fp8_pool_is_read_as_sglangs_triton_reads_it(module_for, sglang, seed
     meta = core.plan(decode.seq_lens, decode.fill(gather), tokens_per_req=1, verify=False,
                      capacity=int(decode.seq_lens.sum()))
     got = torch.full((7, core.heads, core.vdim), float("nan"), dtype=torch.bfloat16, device=core.device)
-    prepare(core.module, meta).prefix(decode.q, decode.pool, kv_scale=k_scale, out=got)
+    core.prepare(meta, 7).prefix(decode.q, decode.pool, kv_scale=k_scale, out=got)
     want, _ = prefix_attention_ref(decode.q, decode.pool.view(-1, core.dim), meta.qo_indptr, meta.kv_indptr,
                                    meta.kv_indices, meta.kv_lens, 1, core.scale, core.vdim, kv_scale=k_scale)
     assert rel_l2(got, want) <= FP8_O_TOL

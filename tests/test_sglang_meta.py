@@ -3,7 +3,7 @@
 custom_mask) into kgen's inputs, and kgen's reference attention over them equals attention
 computed straight from SGLang's layout (what extend_attention_fwd computes for TARGET_VERIFY),
 eagerly and through the CUDA-graph buffers (padded batches included); which layers kgen serves
-and with what kv_scale; the prepared-step shim over kgen's one-shot ops. `Batch` is shared with
+and with what kv_scale; how a batch is prepared. `Batch` is shared with
 tests/test_sglang_gpu.py, which feeds the same tensors to SGLang's Triton kernel and to kgen's.
 (tests/test_sglang_backend.py runs the whole backend class with the real SGLang.)
 """
@@ -18,7 +18,7 @@ import torch
 
 import kgen
 from kgen import fp8
-from kgen.integrations.sglang import KgenMLA, prepare
+from kgen.integrations.sglang import KgenMLA
 from kgen.mask import mask_from_parents, unpack_bits
 from kgen.reference import verify_attention_ref
 from kgen.testing import tree_parents
@@ -109,7 +109,8 @@ class Batch:
                          custom_mask=self.custom_mask, capacity=max(1, int(self.seq_lens.sum())))
         out = torch.full((self.q.shape[0], core.heads, core.vdim), float("nan"), dtype=torch.bfloat16,
                          device=core.device)
-        prepare(core.module, meta).verify(self.q, self.pool, self.k.view(-1, core.dim), kv_scale=kv_scale, out=out)
+        core.prepare(meta, self.q.shape[0]).verify(self.q, self.pool, self.k.view(-1, core.dim), kv_scale=kv_scale,
+                                                   out=out)
         return out
 
     def to_fp8(self, kv_scale: float) -> None:
@@ -129,10 +130,15 @@ class Batch:
             self.pool, self.k = stored, k
 
 
+def fake_module(spec_path: Path):
+    """What KgenMLA reads of a kgen module, without a GPU."""
+    return types.SimpleNamespace(spec=kgen.load_spec(spec_path), device=torch.device("cpu"),
+                                 workspace_bytes=lambda tokens, batch: 1)
+
+
 @pytest.fixture(scope="module")
 def core():
-    spec = kgen.load_spec(SPEC)  # H 8, max_nodes 64, page size 1
-    return KgenMLA(types.SimpleNamespace(spec=spec, device=torch.device("cpu")), max_context_len=MAX_CTX)
+    return KgenMLA(fake_module(SPEC), max_context_len=MAX_CTX)  # H 8, max_nodes 64, page size 1
 
 
 def planned_ref(core: KgenMLA, batch: Batch, meta) -> torch.Tensor:
@@ -227,8 +233,6 @@ def scaled(k_scale: float, v_scale: float | None = None) -> dict:
                 v_scale_float=v_scale)
 
 
-def fake_module(spec_path: Path):
-    return types.SimpleNamespace(spec=kgen.load_spec(spec_path), device=torch.device("cpu"))
 
 
 def test_kgen_serves_only_the_layer_it_was_built_for(core):
@@ -249,17 +253,17 @@ def test_a_layers_kv_scale_is_read_as_sglang_reads_the_cache():
     assert fp8_core.kv_scale(mla_layer(fp8_core, **scaled(float("inf")))) is None
 
 
-def test_the_prepared_step_runs_kgens_one_shot_ops_until_module_prepare_exists(core, seed):
-    calls = []
+def test_a_batch_is_prepared_once_with_its_token_count_and_graph_steps_share_one_workspace(seed):
+    prepared = []
     module = types.SimpleNamespace(
-        verify_attention=lambda *a, **kw: calls.append(("verify", len(a), kw["kv_scale"])),
-        prefix_attention=lambda *a, **kw: calls.append(("prefix", len(a), kw["kv_scale"])))
+        spec=kgen.load_spec(SPEC), device=torch.device("cpu"), workspace_bytes=lambda tokens, batch: tokens + batch,
+        prepare=lambda *metadata, num_tokens, workspace: prepared.append((len(metadata), num_tokens, workspace)))
+    core = KgenMLA(module, MAX_CTX)
     batch = Batch(core, [4, 9], 3, torch.Generator().manual_seed(seed))
     meta = core.plan(batch.seq_lens, batch.fill(), tokens_per_req=3, verify=True, custom_mask=batch.custom_mask,
                      capacity=13)
-    step = prepare(module, meta)
-    step.verify(batch.q, batch.pool, batch.k, kv_scale=0.5)
-    step.prefix(batch.q, batch.pool)
-    assert calls == [("verify", 8, 0.5), ("prefix", 6, 1.0)]
-    module.prepare = lambda *metadata: ("prepared", len(metadata))
-    assert prepare(module, meta) == ("prepared", 5)
+    core.prepare(meta, 6)
+    core.init_graph(max_bs=4)
+    core.prepare(meta, 6, graph=True)
+    assert prepared[0] == (5, 6, None)
+    assert prepared[1][:2] == (5, 6) and prepared[1][2] is core.workspace and core.workspace.numel() == 4 * 64 + 4

@@ -101,30 +101,6 @@ class Meta:
 Fill = Callable[[torch.Tensor, torch.Tensor], None]  # fill(kv_indptr, out): token slots of every prefix
 
 
-class OneShotStep:
-    """A prepared step through kgen's one-shot ops, for a kgen without Module.prepare."""
-
-    def __init__(self, module, meta: Meta):
-        self.module, self.meta = module, meta
-
-    def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
-        m = self.meta
-        return self.module.verify_attention(q, kv_cache, k_tree, m.qo_indptr, m.kv_indptr, m.kv_indices, m.kv_lens,
-                                            m.tree_mask, kv_scale=kv_scale, out=out, lse=lse)
-
-    def prefix(self, q, kv_cache, *, kv_scale=1.0, out=None, lse=None):
-        m = self.meta
-        return self.module.prefix_attention(q, kv_cache, m.qo_indptr, m.kv_indptr, m.kv_indices, m.kv_lens,
-                                            kv_scale=kv_scale, out=out, lse=lse)
-
-
-def prepare(module, meta: Meta):
-    """kgen's prepared step for one batch's metadata (checked once; run per layer)."""
-    if hasattr(module, "prepare"):
-        return module.prepare(meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_lens, meta.tree_mask)
-    return OneShotStep(module, meta)
-
-
 class KgenMLA:
     """kgen's half of the backend: builds kgen's inputs from what SGLang's Triton backend is
     given, and reads a layer's KV scale. Needs no SGLang import (tests/test_sglang_meta.py)."""
@@ -138,6 +114,7 @@ class KgenMLA:
         self.max_context_len = max_context_len
         self.device = module.device
         self.graph: dict[str, torch.Tensor] | None = None
+        self.workspace: torch.Tensor | None = None  # scratch the captured steps share (they replay in turn)
         self._chains: dict[int, torch.Tensor] = {}
 
     def init_graph(self, max_bs: int) -> None:
@@ -145,6 +122,14 @@ class KgenMLA:
         z = functools.partial(torch.zeros, dtype=torch.int32, device=self.device)
         self.graph = dict(qo_indptr=z(max_bs + 1), kv_indptr=z(max_bs + 1), kv_lens=z(max_bs),
                           kv_indices=z(max_bs * self.max_context_len), tree_mask=z(max_bs * self.max_nodes, self.words))
+        self.workspace = torch.empty(self.module.workspace_bytes(max_bs * self.max_nodes, max_bs), dtype=torch.uint8,
+                                     device=self.device)
+
+    def prepare(self, meta: Meta, num_tokens: int, *, graph: bool = False):
+        """kgen's prepared step for one batch (its metadata checked once; run per layer). A graph
+        step uses the shared workspace."""
+        return self.module.prepare(meta.qo_indptr, meta.kv_indptr, meta.kv_indices, meta.kv_lens, meta.tree_mask,
+                                   num_tokens=num_tokens, workspace=self.workspace if graph else None)
 
     def chain_mask(self, n: int) -> torch.Tensor:
         """[n, words]: node i sees nodes 0..i (SGLang's causal verify when it passes no custom_mask)."""
@@ -316,11 +301,11 @@ class _KgenMethods:
         meta = self.kgen.plan(seq_lens, fill, tokens_per_req=n, verify=verify, graph=graph, capacity=capacity,
                               custom_mask=compat.verify_mask(fb) if verify else None)
         if not graph:
-            self._kgen_step = prepare(self.kgen.module, meta)
+            self._kgen_step = self.kgen.prepare(meta, bs * n)
             return
         key = (mode, bs, n)
         if capture or key not in self._kgen_graph_steps:
-            self._kgen_graph_steps[key] = prepare(self.kgen.module, meta)
+            self._kgen_graph_steps[key] = self.kgen.prepare(meta, bs * n, graph=True)
         self._kgen_step = self._kgen_graph_steps[key]
 
     # -- forward: kgen for the prepared mode on the layers it serves, else Triton --
