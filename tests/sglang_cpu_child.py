@@ -80,7 +80,7 @@ def defrag_pass(h: Harness, gen: torch.Generator) -> dict:
     fb = step.forward_batch(runner)
     sglang_defrag.before_forward(runner, fb)  # what the installed hook calls first
     table = runner.req_to_token_pool.req_to_token
-    moved = [table[b, :len(r) - 1].long() for b, r in enumerate(step.rows)]
+    moved = [table[b + 1, :len(r) - 1].long() for b, r in enumerate(step.rows)]
     runner.attn_backend.init_forward_metadata(fb)
     q, k, v = step.inputs("cpu")
     out = runner.attn_backend.forward(q, k, v, runner.layer, fb, save_kv_cache=True)

@@ -181,10 +181,11 @@ class Step:
                           for b, length in enumerate(self.lens)])
 
     def load(self, runner) -> None:
-        """Write this batch's req_to_token rows and KV rows into the runner's pools."""
+        """Write this batch's req_to_token rows (request b in row b + 1: row 0 is SGLang's padding
+        row) and KV rows into the runner's pools."""
         runner.req_to_token_pool.req_to_token.zero_()
         for b, row in enumerate(self.rows):
-            runner.req_to_token_pool.req_to_token[b, :row.numel()] = row.to(runner.device, torch.int32)
+            runner.req_to_token_pool.req_to_token[b + 1, :row.numel()] = row.to(runner.device, torch.int32)
         runner.token_to_kv_pool.get_key_buffer(0)[:self.pool.shape[0]].copy_(self.pool)
 
     def forward_batch(self, runner, *, pad_to: int | None = None):
@@ -200,7 +201,7 @@ class Step:
         fb = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY if self.verify else ForwardMode.DECODE, batch_size=bs + pad,
             input_ids=torch.zeros(tokens, dtype=torch.int64, device=dev),
-            req_pool_indices=torch.tensor(list(range(bs)) + [0] * pad, dtype=torch.int32, device=dev),
+            req_pool_indices=torch.tensor(list(range(1, bs + 1)) + [0] * pad, dtype=torch.int32, device=dev),
             seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
             seq_lens_cpu=torch.tensor(lens, dtype=torch.int32),
             out_cache_loc=torch.cat([self.out_cache_loc, torch.zeros(pad * per, dtype=torch.int64)]).to(dev),

@@ -310,29 +310,30 @@ class _KgenMethods:
 
     # -- forward: kgen for the prepared mode on the layers it serves, else Triton --
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        kv_scale = self._kgen_kv_scale(VERIFY, layer, q, k, v, kwargs)
-        if kv_scale is None:
-            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
-        if save_kv_cache:
-            compat.save_kv(self, layer, forward_batch, k, v)
-        out = compat.output_buffer(forward_batch)
-        if out is None:
-            out = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
-        g = self.kgen
-        self._kgen_step.verify(q.view(-1, g.heads, g.dim), compat.key_buffer(self, layer), k.view(-1, g.dim),
-                               kv_scale=kv_scale, out=out.view(-1, g.heads, g.vdim))
-        return out
+        return self._kgen_forward(VERIFY, super().forward_extend, q, k, v, layer, forward_batch, save_kv_cache,
+                                  kwargs)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        kv_scale = self._kgen_kv_scale(DECODE, layer, q, k, v, kwargs)
+        return self._kgen_forward(DECODE, super().forward_decode, q, k, v, layer, forward_batch, save_kv_cache,
+                                  kwargs)
+
+    def _kgen_forward(self, mode: str, triton, q, k, v, layer, fb, save_kv_cache: bool, kwargs: dict):
+        """One layer of a batch prepared for `mode` on kgen, or the call as it came on Triton."""
+        kv_scale = self._kgen_kv_scale(mode, layer, q, k, v, kwargs)
         if kv_scale is None:
-            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
+            return triton(q, k, v, layer, fb, save_kv_cache=save_kv_cache, **kwargs)
         if save_kv_cache:
-            compat.save_kv(self, layer, forward_batch, k, v)
+            compat.save_kv(self, layer, fb, k, v)
         g = self.kgen
-        out = q.new_empty((q.shape[0], layer.tp_q_head_num * layer.v_head_dim))
-        self._kgen_step.prefix(q.view(-1, g.heads, g.dim), compat.key_buffer(self, layer), kv_scale=kv_scale,
-                               out=out.view(-1, g.heads, g.vdim))
+        out = compat.output_buffer(fb) if mode == VERIFY else None  # as Triton's forward_extend honours one
+        if out is None:
+            out = q.new_empty((q.shape[0], g.heads * g.vdim))
+        kv_cache = compat.key_buffer(self, layer)
+        rows, out_rows = q.view(-1, g.heads, g.dim), out.view(-1, g.heads, g.vdim)
+        if mode == VERIFY:
+            self._kgen_step.verify(rows, kv_cache, k.view(-1, g.dim), kv_scale=kv_scale, out=out_rows)
+        else:
+            self._kgen_step.prefix(rows, kv_cache, kv_scale=kv_scale, out=out_rows)
         return out
 
     def _kgen_kv_scale(self, mode: str, layer, q, k, v, kwargs: dict) -> float | None:
