@@ -19,7 +19,7 @@ echo "installing: $(xargs -n1 basename < /tmp/kgen_wheels.txt | tr '\n' ' ')"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     $(cat /tmp/kgen_wheels.txt) || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-/tmp/kgen_cache}"
-python3 -c "import torch, triton, transformers, sglang; print('torch', torch.__version__, 'triton', triton.__version__,
-'transformers', transformers.__version__, 'sglang', sglang.__version__, torch.cuda.get_device_name())"
+python3 -c "import importlib.metadata as m, torch; print(torch.cuda.get_device_name(), *(f'{d} {m.version(d)}' for d in
+('torch', 'triton', 'transformers', 'torchvision', 'sglang')))"
 timeout 570 python3 -m pytest -q -p no:cacheprovider -rs tests/test_sglang_backend_gpu.py tests/test_sglang_gpu.py \
     -s "$@" 2>&1 | tee "${OUT:-/tmp}/sglang_gpu.log"
