@@ -1,8 +1,9 @@
 """The real sglang package (no mocks of its classes) finds the "kgen" backend through
 kgen's `sglang.srt.plugins` entry point: after SGLang's own load_plugins(), "kgen" is in its
 attention registry (the dict ModelRunner resolves backend names in) and in the CLI choices of
---attention-backend / --decode-attention-backend, and the class it builds is SGLang's
-TritonAttnBackend with kgen's metadata and CUDA-graph hooks in front.
+--attention-backend / --decode-attention-backend (the launch commands of docs/sglang.md parse),
+and the class it builds is SGLang's TritonAttnBackend with kgen's metadata and CUDA-graph hooks in
+front.
 
 It runs in a fresh interpreter, since importing sglang sets process-wide state (cache folders,
 logging, transformers patches). On a CPU-only machine SGLang's model configs import torchvision,
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -59,6 +62,7 @@ CHILD = textwrap.dedent('''
         cli=parse("--attention-backend", "kgen"),
         cli_split=parse("--decode-attention-backend", "kgen", "--prefill-attention-backend", "triton"),
         cli_bogus=parse("--attention-backend", "no-such-backend"),
+        docs=[parse(*argv) for argv in json.loads(DOC_COMMANDS)],
         subclass=issubclass(cls, TritonAttnBackend),
         own=sorted(k for k in ("init_forward_metadata", "init_forward_metadata_out_graph", "init_cuda_graph_state",
                                "forward_extend", "forward_decode") if getattr(cls, k) is not getattr(TritonAttnBackend, k)),
@@ -69,11 +73,11 @@ CHILD = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def report():
     if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (pip install --no-deps sglang==0.5.23 and the few imports listed in "
-                    "docs/sglang.md)")
+        pytest.skip("sglang is not installed (CI installs it: .ci/run)")
     if not any(ep.name == "kgen" for ep in entry_points(group="sglang.srt.plugins")):
         pytest.skip("kgen's sglang.srt.plugins entry point is not installed: pip install -e . again")
-    child = CHILD.replace("TESTS", repr(str(Path(__file__).resolve().parent)))
+    child = (CHILD.replace("TESTS", repr(str(Path(__file__).resolve().parent)))
+             .replace("DOC_COMMANDS", repr(json.dumps(doc_commands()))))
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"the sglang child failed:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -89,6 +93,18 @@ def test_sglangs_cli_accepts_kgen_for_attention_and_decode(report):
     assert report["cli"] == ["kgen", None, None]
     assert report["cli_split"] == [None, "kgen", "triton"]
     assert report["cli_bogus"] == "rejected"
+
+
+def doc_commands() -> list[list[str]]:
+    """The arguments of every `python -m sglang.launch_server` command in docs/sglang.md."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "sglang.md").read_text()
+    blocks = re.findall(r"python -m sglang\.launch_server \\\n(.*?)\n```", text, re.S)
+    return [shlex.split(block.replace("\\\n", " ")) for block in blocks]
+
+
+def test_the_documented_launch_commands_parse(report):
+    assert len(report["docs"]) == 2
+    assert all(args[:3] == ["kgen", None, None] for args in report["docs"]), report["docs"]
 
 
 def test_the_backend_is_sglangs_triton_backend_with_kgens_hooks(report):
