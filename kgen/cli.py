@@ -227,7 +227,8 @@ def _existing_line_paths(text: str, variant, cache: KernelCache) -> str:
 def cache_info() -> None:
     """Where the cache is and what it holds."""
     info = KernelCache().info()
-    console.print(f"{info['root']}: {info['entries']} entries, {info['bytes']} bytes (schema v{info['schema']})")
+    console.print(f"{info['root']}: {info['entries']} entries, {info['bytes']} bytes (schema v{info['schema']})",
+                  markup=False)
 
 
 @cache_app.command("clear")
