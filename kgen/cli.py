@@ -1,108 +1,148 @@
-"""The kgen command line: build, show, inspect, cache."""
+"""The kgen command line: build, show, inspect, cache, bench."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from . import sass
+from . import __version__, sass
 from .arch import get_arch
 from .build import build, build_variant
 from .cache import KernelCache
 from .errors import KgenError
 from .model import grid, predict, validation
 from .plan import plan
-from .render import write_generated
+from .tuning import buckets, find_table, tiles_text
+from .render import render, templates_dir, write_generated
 from .spec import load_spec
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Generate, compile and cache kgen kernels.")
+app = typer.Typer(add_completion=False, no_args_is_help=True)
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the cubin cache.")
 app.add_typer(cache_app, name="cache")
-console = Console(width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 200)  # wide tables keep whole rows in a pipe
+term_console = Console()  # the terminal's width (COLUMNS), 80 when output is not a terminal
+err_console = Console(stderr=True, highlight=False)
+# bench results `kgen show` takes H200 efficiencies from: a wheel ships them inside the package,
+# a checkout has them in bench/results/
+
+
+def _say(kind: str, style: str, message: str) -> None:
+    """`kind: message` on stderr; the message is printed as is (no markup)."""
+    err_console.print(Text(f"{kind}: ", style=style) + Text(message), soft_wrap=True)
 
 
 def _fail(e: Exception) -> None:
-    err_console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
-    detail = str(e).splitlines()[1:]
+    first, *detail = str(e).splitlines() or [type(e).__name__]
+    _say("error", "red", first)
     if detail:
-        err_console.print("\n".join(detail), highlight=False, markup=False)
+        err_console.print(Text("\n".join(detail)))
     raise typer.Exit(1)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kgen {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print kgen's version and exit.")) -> None:
+    """Generate, compile and cache kgen kernels."""
 
 
 @app.command("build")
 def build_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
-    arch: Optional[List[str]] = typer.Option(None, "--arch", help="compile for this arch (repeatable); default: the spec's target"),
+    arch: Optional[List[str]] = typer.Option(None, "--arch", help="plan and compile for this arch (repeatable); default: the spec's target"),
     out: Path = typer.Option(Path("generated"), "--out", help="where generated/<name>/ is written"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of a table"),
+    wide: bool = typer.Option(False, "--wide", help="also the variant id, occupancy limit, SASS counts and seconds"),
 ) -> None:
-    """Render and compile every kernel of SPEC; write sources and a manifest under --out."""
+    """Plan, render and compile every kernel of SPEC for each arch (each arch with its own plan);
+    write the target plan's sources and a manifest under --out."""
     start = time.perf_counter()
     try:
         spec = load_spec(spec_path)
-        archs = [get_arch(a).name for a in (arch or [spec.target.arch])]
-        p = plan(spec)
-        write_generated(p, out)
-        total = len(p.variants) * len(archs)
+        plans = [plan(spec, a) for a in (arch or [spec.target.arch])]
+        write_generated(plan(spec), out)
+        cache = KernelCache()
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err_console, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
-            task = bar.add_task(f"building {spec.name}", total=total)
-            built = build(p, archs, KernelCache(), on_done=lambda b: bar.advance(task), inspect=True)
+            task = bar.add_task(f"building {spec.name}", total=sum(len(p.variants) for p in plans))
+            built = [b for p in plans
+                     for b in build(p, [p.arch.name], cache, on_done=lambda b: bar.advance(task), inspect=True)]
     except KgenError as e:
         _fail(e)
     rows = [b.row() for b in built]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{spec.name}: {len(rows)} kernels in {time.perf_counter() - start:.2f} s "
-                        f"(plan for {p.arch.name}, sources in {out / spec.name})")
-    left = ("kernel", "arch", "variant id", "limit", "SASS", "status")
-    for col in ("kernel", "arch", "variant id", "regs", "spill B", "smem B", "CTAs/SM", "limit", "SASS",
-                "cubin B", "status", "s"):
-        table.add_column(col, justify="left" if col in left else "right", no_wrap=col in ("SASS", "limit"))
+    designs = ", ".join(f"{p.arch.name} ({p.tiles.design})" for p in plans)
+    title = (f"{spec.name}: {len(rows)} kernels for {designs} in {time.perf_counter() - start:.2f} s, "
+             f"sources in {out / spec.name}")
+    (console if wide else term_console).print(_build_table(rows, title, wide))
+    for b in built:
+        for msg in b.problems():
+            _say("warning", "yellow", f"{b.variant.name} ({b.arch}): {msg}")
+
+
+def _build_table(rows: list[dict], title: str, wide: bool) -> Table:
+    """The build report: at 80 columns every kernel's name, arch, registers, spills, shared memory,
+    CTAs/SM, cubin size and status; --wide adds the rest of the row."""
+    cols = ["kernel", "arch", *(["variant id"] if wide else []), "regs", "spill", "smem", "CTA/SM",
+            *(["limit", "SASS"] if wide else []), "cubin", "status", *(["s"] if wide else [])]
+    table = Table(title=title, caption="spill, smem, cubin: bytes" + ("" if wide else "; --wide for more"),
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("kernel", "arch", "variant id", "limit", "SASS", "status")
+                         else "right", no_wrap=col not in ("variant id", "SASS"))
     for r in rows:
-        table.add_row(r["kernel"], r["arch"], r["variant_id"], str(r["registers"]), str(r["spill_bytes"]),
-                      str(r["smem_bytes"]), str(r["occupancy"]["ctas_per_sm"]), r["limit"], sass.summary(r["sass"]),
-                      str(r["cubin_bytes"]), r["status"], f"{r['seconds']:.2f}")
-    console.print(table)
-    problems = [f"{b.variant.name} ({b.arch}): {msg}" for b in built for msg in b.problems()]
-    for line in problems:
-        err_console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+        cells = {"kernel": r["kernel"], "arch": r["arch"], "variant id": r["variant_id"], "regs": r["registers"],
+                 "spill": r["spill_bytes"], "smem": r["smem_bytes"], "CTA/SM": r["occupancy"]["ctas_per_sm"],
+                 "limit": r["limit"], "SASS": sass.summary(r["sass"]), "cubin": r["cubin_bytes"],
+                 "status": r["status"], "s": f"{r['seconds']:.2f}"}
+        table.add_row(*(str(cells[c]) for c in cols))
+    return table
 
 
 @app.command("show")
 def show_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
+    arch: Optional[str] = typer.Option(None, "--arch", help="whose plan to show (default: the spec's target)"),
 ) -> None:
-    """Print the plan (tiles, threads, stages, shared-memory budget against the arch limit), each
-    kernel's ptxas report, occupancy and SASS counts (built or cached), and the modeled sm_120
-    time of the DESIGN §9 grid."""
+    """Print ARCH's plan (loop design, tiles, threads, stages, shared memory against the arch limit),
+    which tiling each shape bucket runs (a tuned table's choice, or the heuristic plan), each kernel's
+    ptxas report, occupancy and SASS counts (built or cached), and the modeled sm_120 time of the
+    benchmark grid (docs/design.md)."""
     try:
         spec = load_spec(spec_path)
-        p = plan(spec)
+        p = plan(spec, arch)
         built = build(p, [p.arch.name], KernelCache(), inspect=True)
+        table = find_table(spec, p.arch.name)
         modeled = [predict(spec, shape, "sm_120") for shape in grid(spec)]
     except KgenError as e:
         _fail(e)
-    t, a = p.tiles, p.arch
+    a = p.arch
     console.print(f"[bold]{spec.name}[/bold]: plan for {a.name} ({a.description}); "
                   f"H={spec.model.num_q_heads} D={spec.model.head_dim} Dv={spec.model.value_dim} "
                   f"page={spec.cache.page_size} kv={spec.cache.kv_dtype} tree={'static ' if spec.tree.is_static else ''}"
-                  f"{spec.tree.nodes} nodes")
-    console.print(f"attention tiles: BM={t.bm} packed (token, head) rows, BN={t.bn} KV rows, "
-                  f"{t.warps_m}x4 compute warps + 1 producer warp ({t.threads} threads), "
-                  f"{t.stages}-stage bulk-copy ring")
+                  f"{spec.tree.nodes} nodes", highlight=False)
+    console.print(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads)", highlight=False, markup=False)
     console.print(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
                   f"({p.budget['attention_smem_headroom']} B headroom)")
+    _print_buckets(table, p)
     table = Table()
     for col in ("kernel", "variant id", "threads", "dyn smem B", "min blocks/SM", "regs", "spill B",
                 "CTAs/SM", "limit", "SASS"):
@@ -114,6 +154,24 @@ def show_cmd(
                       sass.summary(b.sass))
     console.print(table)
     _print_model(modeled)
+
+
+def _print_buckets(table, p) -> None:
+    """Which tiling each shape bucket runs, and why."""
+    if table is None:
+        console.print(f"shape buckets: no tuned table for this spec, {p.arch.name} and kgen {__version__}: every bucket "
+                      f"runs the heuristic plan above (kgen tune writes one)", highlight=False, markup=False)
+        return
+    t = Table(title=f"tiling per shape bucket (tuned table {table.path}, {table.device})")
+    for col in ("bucket (tree/batch/context)", "runs", "µs", "heuristic µs", "noise"):
+        t.add_column(col, justify="left" if col in ("bucket (tree/batch/context)", "runs") else "right")
+    for b in buckets():
+        c = table.choices.get(b.key)
+        if c is None:
+            t.add_row(b.key, f"heuristic ({tiles_text(p.tiles)}): not tuned", "", "", "")
+        else:
+            t.add_row(b.key, tiles_text(c.tiles), f"{c.us:.1f}", f"{c.default_us:.1f}", f"{100 * c.noise:.1f}%")
+    console.print(t)
 
 
 def _print_model(modeled: list) -> None:
@@ -147,20 +205,45 @@ def inspect_cmd(
         variants = [v for v in p.variants if kernel in (v.name, v.kernel)]
         if not variants:
             raise KgenError(f"{spec.name} has no kernel {kernel!r}; kernels: {', '.join(v.name for v in p.variants)}")
+        cache = KernelCache()
         for v in variants:
-            b = build_variant(v, a.name, KernelCache(), inspect=True)
+            b = build_variant(v, a.name, cache, inspect=True)
             print(f"// {v.variant_id} for {a.name}: {b.report.registers} registers, {b.report.spill_bytes} B spills, "
                   f"{b.occupancy.ctas_per_sm} CTAs/SM (limit: {b.occupancy.limit})\n// {sass.summary(b.sass)}")
-            print(sass.dump(b.cubin, a.name, line_info=line_info))
+            text = sass.dump(b.cubin, a.name, line_info=line_info)
+            print(_existing_line_paths(text, v, cache) if line_info else text)
     except KgenError as e:
         _fail(e)
+
+
+_LINE_FILE = re.compile(r'(//## File ")([^"]*)(")')
+
+
+def _existing_line_paths(text: str, variant, cache: KernelCache) -> str:
+    """nvdisasm's line info names the files as NVRTC saw them (`<name>.cu`, `kgen/<header>.cuh`,
+    under the directory the kernel was first compiled in): point them at files that exist — the
+    rendered source, written next to the cache, and the headers in kgen's templates."""
+    source = cache.root / "sources" / f"{variant.variant_id}.cu"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(render(variant))
+
+    def fix(m: re.Match) -> str:
+        name = Path(m.group(2)).name
+        if name == f"{variant.name}.cu":
+            return f"{m.group(1)}{source}{m.group(3)}"
+        if (templates_dir() / name).is_file():
+            return f"{m.group(1)}{templates_dir() / name}{m.group(3)}"
+        return m.group(0)
+
+    return _LINE_FILE.sub(fix, text)
 
 
 @cache_app.command("info")
 def cache_info() -> None:
     """Where the cache is and what it holds."""
     info = KernelCache().info()
-    console.print(f"{info['root']}: {info['entries']} entries, {info['bytes']} bytes (schema v{info['schema']})")
+    console.print(f"{info['root']}: {info['entries']} entries, {info['bytes']} bytes (schema v{info['schema']})",
+                  markup=False)
 
 
 @cache_app.command("clear")
@@ -181,7 +264,7 @@ def bench_cmd(
     time_limit: Optional[float] = typer.Option(None, "--time-limit", help="start no new shape after this many seconds"),
     out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
 ) -> None:
-    """(GPU) Benchmark SPEC: the two ceilings, the DESIGN §9 grid and SGLang's Triton baseline;
+    """(GPU) Benchmark SPEC: the two ceilings, the benchmark grid (docs/design.md) and SGLang's Triton baseline;
     a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run."""
     # bench/ lives next to the package in a checkout, not inside the wheel
     for root in (Path(__file__).resolve().parents[1], Path.cwd()):

@@ -73,7 +73,9 @@ def mask_from_dense(dense: torch.Tensor, words: int) -> torch.Tensor:
 def mask_from_sglang(custom_mask: torch.Tensor, seq_lens: torch.Tensor, draft_tokens: int, words: int) -> torch.Tensor:
     """SGLang's verify custom_mask (flat bool, per request [N, prefix + N] row-major, concatenated
     in request order) -> [B * N, words] int32 tree mask. Every request has N = draft_tokens tree
-    tokens; seq_lens holds each request's prefix length. Runs on the device, no host sync."""
+    tokens; seq_lens holds each request's prefix length. Runs on the device, no host sync.
+    Requests past the end of custom_mask (the padded lanes of a CUDA-graph batch, whose output
+    is discarded) read its last element instead of out-of-bounds memory."""
     n = draft_tokens
     bsz = seq_lens.shape[0]
     dev = custom_mask.device
@@ -84,7 +86,7 @@ def mask_from_sglang(custom_mask: torch.Tensor, seq_lens: torch.Tensor, draft_to
     # element (b, i, j) of the tree part sits at starts[b] + i * (seq[b] + n) + seq[b] + j
     flat = (starts.view(bsz, 1, 1) + rows.view(1, n, 1) * (seq + n).view(bsz, 1, 1)
             + seq.view(bsz, 1, 1) + cols.view(1, 1, n))
-    dense = custom_mask.view(-1)[flat.view(-1)].view(bsz * n, n).bool()
+    dense = custom_mask.view(-1)[flat.view(-1).clamp_(max=custom_mask.numel() - 1)].view(bsz * n, n).bool()
     return _pack_bits(dense, words)
 
 

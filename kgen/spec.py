@@ -12,7 +12,7 @@ from typing import Literal
 
 import networkx as nx
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from .arch import ARCHS
 from .errors import SpecError
@@ -26,7 +26,9 @@ FP8_MMA_TYPES = ("f16", "e4m3")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a YAML value of the wrong type is an error, not converted (`true` is not a head
+    # count, "8" is not 8); a float field still takes an integer.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelSpec(_Strict):
@@ -92,7 +94,7 @@ class TreeSpec(_Strict):
     """Either a dynamic tree (mask given per call, up to max_nodes) or a static one (parents)."""
 
     max_nodes: int | None = Field(default=None, ge=1, le=MAX_TREE_NODES)
-    parents: tuple[int, ...] | None = None
+    parents: tuple[StrictInt, ...] | None = Field(default=None, strict=False)  # a YAML list
 
     @model_validator(mode="after")
     def _one_shape(self) -> "TreeSpec":

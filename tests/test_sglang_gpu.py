@@ -7,14 +7,13 @@ seq_lens, N draft tokens per request with q [B*N, H, 576], k [B*N, 1, 576], v = 
 SGLang's custom_mask (per request a row-major [N, L + N] bool block, prefix columns True).
 kv_indices are gathered by SGLang's own create_flashinfer_kv_indices_triton (what the backend's
 kv_index_translator.pack_read_stream launches on a plain pool) — int64 for Triton as the Triton
-backend allocates them, int32 for kgen as KgenAttnBackend does. The kgen side is KgenMLA, the
-object KgenAttnBackend delegates to; the backend class itself needs a running SGLang server
-(sgl_kernel and a model runner), which this machine does not have.
+backend allocates them, int32 for kgen as KgenAttnBackend does. The kgen side is KgenMLA and the
+prepared step, what KgenAttnBackend runs per layer; tests/test_sglang_backend_gpu.py runs the
+backend class itself against SGLang's TritonAttnBackend.
 
-The SGLang files come from the sglang 0.5.23 wheel, without importing the sglang package (it
-needs CUDA extensions not installed here): bench/baseline.py finds and loads extend_attention.py
-(env KGEN_SGLANG_EXTEND_ATTENTION, an installed sglang, or .sglang_whl/), and kv_indices.py is
-taken from the same place.
+The SGLang files are loaded without importing the sglang package: bench/baseline.py finds and
+loads extend_attention.py (env KGEN_SGLANG_EXTEND_ATTENTION, an installed sglang, or
+.sglang_whl/), and kv_indices.py is taken from the same place.
 """
 
 from __future__ import annotations
@@ -158,19 +157,20 @@ def test_verify_graph_capture_replays_changed_inputs(core, sglang, seed, bs, n):
         return core.plan(static["seq_lens"], batch.fill(gather, static["rows"], static["seq_lens"]),
                          tokens_per_req=n, verify=True, custom_mask=static["mask"], graph=True)
 
-    def step(meta):
-        core.verify(static["q"].view(bs * n, -1), static["k"], pool, meta, static["out"])
-
     first = Batch(core, random_lens(gen, bs, 1000), n, gen, num_slots=num_slots)
-    meta = load(first, bs)
+    prepared = core.prepare(load(first, bs), bs * n)  # the buffers are refilled in place before each replay
+
+    def step():
+        prepared.verify(static["q"], pool, static["k"].view(-1, d), out=static["out"].view(-1, h, core.vdim))
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step(meta)  # warm up outside the capture
+        step()  # warm up outside the capture
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step(meta)
+        step()
 
     for r in range(17):
         real = bs if r % 3 or bs == 1 else bs - 1
@@ -195,8 +195,8 @@ def test_decode_matches_the_reference(core, sglang, seed):
         batch = Batch(core, lens, 1, gen)
         meta = core.plan(batch.seq_lens, batch.fill(gather), tokens_per_req=1, verify=False,
                          capacity=int(batch.seq_lens.sum()))
-        out = torch.full((bs, core.heads * core.vdim), float("nan"), dtype=torch.bfloat16, device=core.device)
-        got = core.decode(batch.q.view(bs, -1), batch.pool, meta, out).view(bs, core.heads, core.vdim)
+        got = torch.full((bs, core.heads, core.vdim), float("nan"), dtype=torch.bfloat16, device=core.device)
+        core.prepare(meta, bs).prefix(batch.q, batch.pool, out=got)
         want, _ = prefix_attention_ref(batch.q, batch.pool.view(-1, core.dim), meta.qo_indptr, meta.kv_indptr,
                                        meta.kv_indices, meta.kv_lens, 1, core.scale, core.vdim)
         err = rel_l2(got, want)
@@ -226,8 +226,8 @@ def test_an_fp8_pool_is_read_as_sglangs_triton_reads_it(module_for, sglang, seed
     decode.to_fp8(k_scale)
     meta = core.plan(decode.seq_lens, decode.fill(gather), tokens_per_req=1, verify=False,
                      capacity=int(decode.seq_lens.sum()))
-    out = torch.full((7, core.heads * core.vdim), float("nan"), dtype=torch.bfloat16, device=core.device)
-    got = core.decode(decode.q.view(7, -1), decode.pool, meta, out, k_scale).view(7, core.heads, core.vdim)
+    got = torch.full((7, core.heads, core.vdim), float("nan"), dtype=torch.bfloat16, device=core.device)
+    core.prepare(meta, 7).prefix(decode.q, decode.pool, kv_scale=k_scale, out=got)
     want, _ = prefix_attention_ref(decode.q, decode.pool.view(-1, core.dim), meta.qo_indptr, meta.kv_indptr,
                                    meta.kv_indices, meta.kv_lens, 1, core.scale, core.vdim, kv_scale=k_scale)
     assert rel_l2(got, want) <= FP8_O_TOL
