@@ -570,7 +570,7 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
     attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);
     attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);
     const auto second = second_fn();
-    if constexpr (is_key_range<decltype(second)>)
+    if constexpr (is_key_range<decltype(second_fn())>)
         attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
     attend_end<C>(smem, st, part_o, part_lse);
 }

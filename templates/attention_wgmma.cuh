@@ -349,7 +349,7 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
         setmaxnreg_dec<C::PRODUCER_REGS>();
         wg_produce<C>(smem, ring_pos, first.keys, first.num_keys, first.tile_begin, first.tile_end);
         const auto second = second_fn();
-        if constexpr (is_key_range<decltype(second)>)
+        if constexpr (is_key_range<decltype(second_fn())>)
             wg_produce<C>(smem, ring_pos, second.keys, second.num_keys, second.tile_begin, second.tile_end);
         cp_async_wait_all();  // nothing of this thread is in flight when it exits
     } else {
@@ -358,7 +358,7 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
         wg_begin<C>(smem, st, q_rows, num_rows);
         wg_consume<C>(smem, st, ring_pos, first.num_keys, first.visible, first.tile_begin, first.tile_end, scale_log2);
         const auto second = second_fn();
-        if constexpr (is_key_range<decltype(second)>)
+        if constexpr (is_key_range<decltype(second_fn())>)
             wg_consume<C>(smem, st, ring_pos, second.num_keys, second.visible, second.tile_begin, second.tile_end,
                           scale_log2);
         wg_end<C>(st, part_o, part_lse);

@@ -103,8 +103,6 @@ struct NoKeys {};
 template <class R>
 constexpr bool is_key_range = true;
 template <>
-constexpr bool is_key_range<const NoKeys> = false;
-template <>
 constexpr bool is_key_range<NoKeys> = false;
 
 }  // namespace kgen
