@@ -286,20 +286,32 @@ def bench_cmd(
 def tune_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
     budget_s: float = typer.Option(300.0, "--budget-s", help="start no new shape bucket after this many seconds"),
+    arch: Optional[str] = typer.Option(None, "--arch", help="an arch other than the GPU present: rank its candidate "
+                                                           "tilings by the performance model (no GPU needed)"),
     out: Optional[Path] = typer.Option(None, "--out", help="table file (default: the user table under KGEN_CACHE_DIR/tuned)"),
 ) -> None:
     """(GPU) Time the candidate attention tilings of SPEC per shape bucket on the GPU present and write
-    the winners to a tuned table, which kgen.jit then uses for that spec, arch and kgen version."""
+    the winners to a tuned table, which kgen.jit then uses for that spec, arch and kgen version.
+    With --arch for an arch that is not present, rank the candidates by the model instead."""
     from .tuning import buckets, table_name, user_dir
 
     try:
+        spec = load_spec(spec_path)
         import torch
 
-        if not torch.cuda.is_available():
-            raise KgenError("kgen tune times on the GPU present, and torch sees none here")
+        here = None
+        if torch.cuda.is_available():
+            from .arch import arch_for_capability
+
+            here = arch_for_capability(*torch.cuda.get_device_capability()).name
+        if arch and arch != here:
+            _rank_by_model(spec, get_arch(arch))
+            return
+        if here is None:
+            raise KgenError("kgen tune times on the GPU present, and torch sees none here "
+                            "(--arch ARCH ranks an arch's tilings by the performance model instead)")
         from .tuner import tune
 
-        spec = load_spec(spec_path)
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console) as bar:
             task = bar.add_task(f"tuning {spec.name}", total=len(buckets()))
 
@@ -314,3 +326,21 @@ def tune_cmd(
         _fail(e)
     console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
                   highlight=False, markup=False)
+
+
+def _rank_by_model(spec, a) -> None:
+    """kgen tune --arch for an arch that is not here: the candidates ranked by the model."""
+    from .model import MODELED_DESIGNS, rank_by_model
+    from .tuning import candidates, tiles_text
+
+    tried = [t for t in candidates(spec, a) if t.design in MODELED_DESIGNS]
+    ranked = rank_by_model(spec, a, tried)
+    console.print(f"[bold]MODEL, not a measurement[/bold]: no {a.name} GPU here, so the candidate tilings are "
+                  f"ranked by the performance model (kgen/model.py; {validation()}) over the benchmark grid; "
+                  f"no table is written.", highlight=False)
+    t = Table(title=f"{spec.name} on {a.name} (model)")
+    for col in ("rank", "tiling", "modeled µs (geometric mean over the grid)"):
+        t.add_column(col, justify="left" if col == "tiling" else "right")
+    for i, (tiles, us) in enumerate(ranked, 1):
+        t.add_row(str(i), tiles_text(tiles), f"{us:.1f}")
+    console.print(t)

@@ -93,9 +93,9 @@ def parse_tiles(text: str) -> Tiles:
 
 
 def candidates(spec: Spec, arch: Arch) -> list[Tiles]:
-    """The tilings `kgen tune` tries on `arch`: each loop design at a shallow and a deep ring,
-    those that fit the arch's budgets."""
-    tried: list[Tiles] = [AttentionTiles(32, 32, 2, s) for s in (2, 4)]
+    """The tilings `kgen tune` tries on `arch`: each loop design at a shallow and a deep ring (and
+    the mma.sync loop with half-height KV tiles), those that fit the arch's budgets."""
+    tried: list[Tiles] = [AttentionTiles(32, 32, 2, s) for s in (2, 4)] + [AttentionTiles(32, 16, 2, 4)]
     if arch.wgmma and spec.cache.kv_dtype == "bfloat16":
         tried = [WgmmaTiles(stages=s) for s in (3, 4)] + tried
     out = []

@@ -59,8 +59,19 @@ def test_tiles_text_round_trips_and_bad_text_names_the_forms():
 def test_candidates_fit_the_arch(spec):
     sm90 = tuning.candidates(spec, get_arch("sm_90"))
     assert WgmmaTiles(stages=4) in sm90 and AttentionTiles(32, 32, 2, 4, 1) in sm90
-    sm120 = tuning.candidates(spec, get_arch("sm_120"))  # 99 KB: the 2-stage mma.sync loop only
-    assert sm120 == [AttentionTiles(32, 32, 2, 2, 1)]
+    sm120 = tuning.candidates(spec, get_arch("sm_120"))  # 99 KB: no 4-stage ring of 32-row tiles
+    assert sm120 == [AttentionTiles(32, 32, 2, 2, 1), AttentionTiles(32, 16, 2, 4, 1)]
+
+
+def test_tune_for_an_arch_that_is_not_here_ranks_by_the_model():
+    from typer.testing import CliRunner
+
+    from kgen.cli import app
+
+    r = CliRunner().invoke(app, ["tune", str(ROOT / "specs" / "glm5_sm120.yaml"), "--arch", "sm_120"])
+    assert r.exit_code == 0, r.output
+    assert "MODEL, not a measurement" in r.output and "no table is written" in r.output
+    assert "mma_sync:32,32,2,2,1" in r.output and "mma_sync:32,16,2,4,1" in r.output
 
 
 def test_a_rerun_changes_a_choice_only_past_the_noise():
