@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from .arch import arch_for_capability
 from .ops import Module
 from .plan import choose_attention_tiles
 from .spec import Spec
@@ -39,16 +40,16 @@ def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] 
     the previous table's choice). Each bucket: every candidate timed once on the same inputs, the
     heuristic tiling once more for the noise; tuning.decide picks."""
     start = time.monotonic()
-    default = Module(spec)
-    heuristic = choose_attention_tiles(spec, default.plan.arch)
-    mods = {tiles_text(heuristic): Module(spec, tiles=heuristic)}
-    for tiles in candidates(spec, default.plan.arch):
-        mods.setdefault(tiles_text(tiles), Module(spec, tiles=tiles))
-    arch = default.plan.arch.name
-    old = find_table(spec, arch)
-    generator = torch.Generator(device=default.device).manual_seed(seed)
-    choices = dict(old.choices) if old else {}
+    here = arch_for_capability(*torch.cuda.get_device_capability())
+    heuristic = choose_attention_tiles(spec, here)
     base = tiles_text(heuristic)
+    mods = {base: Module(spec, tiles=heuristic)}
+    for tiles in candidates(spec, here):
+        mods.setdefault(tiles_text(tiles), Module(spec, tiles=tiles))
+    arch, device = here.name, mods[base].device
+    old = find_table(spec, arch)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    choices = dict(old.choices) if old else {}
     for bucket in buckets():
         if time.monotonic() - start > budget_s:
             break
@@ -61,4 +62,4 @@ def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] 
         if on_bucket:
             on_bucket(bucket, {"times": times, "noise": noise, "chosen": chosen})
         torch.cuda.empty_cache()
-    return Table(spec.name, spec_digest(spec), arch, __version__, torch.cuda.get_device_name(default.device), choices)
+    return Table(spec.name, spec_digest(spec), arch, __version__, torch.cuda.get_device_name(device), choices)
