@@ -50,9 +50,11 @@ class Module:
             self.plans.setdefault(tiles_text(choice.tiles), plan(spec, plan_arch, tiles=choice.tiles))
         self.sm_count = props.multi_processor_count
         self._kernels = {}
+        loaded: dict[str, Kernel] = {}  # by variant id: plans share their merge, defrag and combine kernels
         for text, p in self.plans.items():
             built = build(p, [self.arch.name])
-            self._kernels[text] = {b.variant.name: Kernel(b, self.device) for b in built}
+            self._kernels[text] = {b.variant.name: loaded.get(b.variant.variant_id) or
+                                   loaded.setdefault(b.variant.variant_id, Kernel(b, self.device)) for b in built}
             if p is self.plan:
                 self.built = built
         self.k = self._kernels[tiles_text(self.plan.tiles)]
