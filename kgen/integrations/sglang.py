@@ -5,14 +5,19 @@ process before it parses arguments, and it registers "kgen" in SGLang's attentio
 in the --attention-backend / --decode-attention-backend / --prefill-attention-backend choices.
 
 The backend is SGLang's Triton backend with two forward modes taken over on absorbed-MLA layers
-(q [T, H, 576], one latent KV row per token, values = its first 512 dims, bf16 or fp8 e4m3
-cache, page size 1); `kgen_mode` is the one place that decides:
+(q [T, H, 576], one latent KV row per token, values = its first 512 dims) over SGLang's plain MLA
+KV pool (bf16 or fp8 e4m3 rows, page size 1) or its DSA pool (GLM-5, DeepSeek-V3.2: bf16 rows, or
+fp8 rows with per-block scales, page size 64; read by slot, as Triton reads it; dense attention,
+since SGLang's DSA indexer picks no top-k for a non-DSA backend); `kgen_mode` is the one place
+that decides:
 
 - TARGET_VERIFY (tree verify) -> kgen's verify attention (prefix split-KV + tree + merge);
 - DECODE without a draft (one query token per request) -> kgen's prefix attention.
 
 Everything else (prefill, draft modes, layers kgen cannot read as SGLang does, calls with extra
-arguments) is SGLang's Triton backend unchanged. Every SGLang internal used here goes through
+arguments) is SGLang's Triton backend unchanged. Server-arg resolution treats "kgen" as "triton"
+for speculative decoding (a resolution hook): EAGLE trees (topk > 1) at page size > 1 take Triton's
+draft path, with the draft's attention on Triton. Every SGLang internal used here goes through
 sglang_compat.py. Per forward batch, `init_forward_metadata` (and the CUDA-graph hooks) turn
 SGLang's metadata into kgen's on the device (no host sync) and prepare one kgen step; each layer
 then only runs it. An fp8 cache is read as SGLang's Triton backend reads it: a stored row means
@@ -32,10 +37,12 @@ import torch
 from .. import fp8
 from ..errors import KgenError
 from ..mask import mask_from_parents, mask_from_sglang
+from ..spec import CacheSpec
 from . import sglang_compat as compat
 
 NAME = "kgen"
 VERIFY, DECODE = "verify", "decode"
+SCALE_BLOCK = 128  # latent dims per fp32 scale in scaled fp8 rows
 KV_DTYPES = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}  # SGLang's cache dtype -> kgen's
 logger = logging.getLogger(__name__)
 
@@ -54,11 +61,13 @@ def plugin() -> None:
 
 def register() -> None:
     """Check the installed SGLang (sglang_compat.check), then add the "kgen" backend to its
-    registry and CLI choices (idempotent); with KGEN_DEFRAG=1 also install the defrag hook."""
+    registry and CLI choices and its speculative-decoding resolution step (idempotent); with
+    KGEN_DEFRAG=1 also install the defrag hook."""
     from . import sglang_defrag
 
     compat.check()
     compat.register_backend(NAME, create_backend)
+    compat.resolve_speculative_as_triton(NAME)
     if sglang_defrag.enabled():
         sglang_defrag.install()
 
@@ -111,6 +120,7 @@ class KgenMLA:
         self.heads, self.dim, self.vdim = m.num_q_heads, m.head_dim, m.value_dim
         self.scale, self.max_nodes, self.words = m.softmax_scale, tree.nodes, tree.mask_words
         self.kv_fp8 = module.spec.cache.kv_dtype == "float8_e4m3fn"
+        self.kv_scaled = getattr(module.spec.cache, "scales", "per_tensor") == "per_block"
         self.max_context_len = max_context_len
         self.device = module.device
         self.graph: dict[str, torch.Tensor] | None = None
@@ -178,9 +188,10 @@ class KgenMLA:
     def kv_scale(self, layer) -> float | None:
         """The scale this layer's cache is read with (kgen's kv_scale), or None when kgen cannot read
         it as SGLang does: SGLang reads keys times k_scale and values times v_scale, kgen has one
-        scale for the one latent row, and a bf16 cache is read unscaled."""
+        scale for the one latent row, and a bf16 cache is read unscaled. Scaled rows carry their
+        own scales (SGLang's writer for them ignores the layer's)."""
         k_scale, v_scale = layer.k_scale, layer.v_scale
-        if k_scale is None and v_scale is None:
+        if self.kv_scaled or (k_scale is None and v_scale is None):
             return 1.0
         if not self.kv_fp8 or k_scale is None or v_scale is None:
             return None
@@ -199,7 +210,8 @@ class KgenMLA:
 
 
 def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
-    """kgen's half for this model runner, or None and why kgen stays out of the way."""
+    """kgen's half for this model runner and what it reads (the pool, its rows, its page size), or
+    None and why kgen stays out of the way."""
     import kgen
     from kgen.arch import arch_for_capability
     from kgen.spec import parse_spec
@@ -210,14 +222,26 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
         return None, "not an MLA model"
     if backend.dcp_size > 1 or backend.enable_deterministic or (backend.sliding_window_size or 0) > 0:
         return None, "DCP, deterministic inference or sliding windows are on"
-    if not compat.is_plain_mla_pool(backend.token_to_kv_pool) or backend.page_size != 1:
-        return None, (f"kgen reads SGLang's plain MLA KV pool with page size 1, not a "
-                      f"{type(backend.token_to_kv_pool).__name__} with page size {backend.page_size}")
+    pool = backend.token_to_kv_pool
+    rows = compat.kv_rows(pool)
+    if rows is None or (rows.pool == "MLATokenToKVPool" and backend.page_size != 1):
+        return None, (f"kgen reads SGLang's plain MLA KV pool with page size 1 or its DSATokenToKVPool, not a "
+                      f"{type(pool).__name__} with page size {backend.page_size}")
     kv_dtype = KV_DTYPES.get(runner.kv_cache_dtype)
     if kv_dtype is None:
         return None, f"KV cache dtype {runner.kv_cache_dtype} (kgen reads {' or '.join(KV_DTYPES.values())})"
     cfg = runner.model_config
     dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    cache = dict(page_size=1, kv_dtype=kv_dtype)  # slots are rows, whatever the pool's page size
+    if rows.scaled:
+        if (rows.block, rows.rope_dtype, rows.width) != (SCALE_BLOCK, torch.bfloat16, scaled_row_bytes(cfg)):
+            return None, (f"scaled fp8 rows of {rows.width} B, {rows.block}-dim scale blocks and {rows.rope_dtype} "
+                          f"rope (kgen reads {scaled_row_bytes(cfg)} B rows: {SCALE_BLOCK}-dim blocks, bf16 rope)")
+        if "scales" not in CacheSpec.model_fields:
+            return None, "fp8 rows with per-block scales (this kgen's specs have no cache.scales)"
+        cache["scales"] = "per_block"
+    elif rows.width != dim:
+        return None, f"{rows.width}-wide KV rows (kgen reads {dim}-wide latent rows)"
     layers = compat.attention_layers(runner.model)
     for layer in layers:
         compat.check_instance(layer, "RadixAttention")
@@ -229,8 +253,9 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     path = os.environ.get("KGEN_SGLANG_SPEC")
     if path:
         spec = kgen.load_spec(path)
-        if spec.cache.kv_dtype != kv_dtype:
-            return None, f"KGEN_SGLANG_SPEC {path} reads a {spec.cache.kv_dtype} cache; this one is {kv_dtype}"
+        theirs = {k: getattr(spec.cache, k, "per_tensor") for k in cache}
+        if theirs != cache:
+            return None, f"KGEN_SGLANG_SPEC {path} has cache {theirs}; this pool needs {cache}"
     else:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         nodes = max(1, backend.num_draft_tokens or 1, compat.draft_tokens_per_request(backend, None) or 1)
@@ -238,10 +263,27 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
             name="sglang_runtime",
             model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
                        softmax_scale=scale),
-            cache=dict(page_size=1, kv_dtype=kv_dtype),
+            cache=cache,
             tree=dict(max_nodes=nodes),
             target=dict(arch=arch_for_capability(props.major, props.minor).name)), "the SGLang model config")
-    return KgenMLA(kgen.jit(spec), backend.max_context_len), ""
+    return KgenMLA(kgen.jit(spec), backend.max_context_len), _serves(rows, kv_dtype, backend.page_size, dim)
+
+
+def _serves(rows: compat.KVRows, kv_dtype: str, page_size: int, dim: int) -> str:
+    """What kgen reads, for the start-up log line."""
+    if rows.scaled:
+        fmt = f"fp8 e4m3 rows with per-block scales [slots, {rows.width}] uint8"
+    else:
+        fmt = f"{'bf16' if kv_dtype == 'bfloat16' else 'fp8 e4m3'} rows [slots, {dim}]"
+    line = f"SGLang's {rows.pool}, {fmt}, page size {page_size}"
+    if rows.pool == "DSATokenToKVPool":
+        line += "; dense attention (DSA indexer off: every token attends to its whole prefix)"
+    return line
+
+
+def scaled_row_bytes(cfg) -> int:
+    """Bytes of a scaled fp8 row: e4m3 latent, one fp32 scale per block, bf16 rope (DESIGN §11)."""
+    return cfg.kv_lora_rank + cfg.kv_lora_rank // SCALE_BLOCK * 4 + cfg.qk_rope_head_dim * 2
 
 
 # ---- the backend ---------------------------------------------------------------------------------
@@ -254,15 +296,17 @@ class _KgenMethods:
         super().__init__(model_runner, *args, **kwargs)
         compat.check_instance(self, "TritonAttnBackend")
         try:
-            self.kgen, self.kgen_off_reason = _kgen_for_model(self, model_runner)
+            self.kgen, said = _kgen_for_model(self, model_runner)
         except compat.SGLangError:
             raise
         except KgenError as e:  # an arch kgen has no plan for, a compile error, ...: serve with Triton
-            self.kgen, self.kgen_off_reason = None, f"{type(e).__name__}: {e}"
+            self.kgen, said = None, f"{type(e).__name__}: {e}"
+        self.kgen_off_reason, self.kgen_serves = ("", said) if self.kgen is not None else (said, "")
         if self.kgen is None:
             logger.warning("kgen backend: every mode runs on SGLang's Triton backend (%s)", self.kgen_off_reason)
         else:
-            logger.info("kgen backend: TARGET_VERIFY and DECODE run on kgen (%s)", self.kgen.module.spec.name)
+            logger.info("kgen backend: TARGET_VERIFY and DECODE run on kgen (%s) over %s", self.kgen.module.spec.name,
+                        self.kgen_serves)
         self.kgen_mode: str | None = None  # what the current batch's metadata prepared kgen for
         self._kgen_step = None
         self._kgen_graph_steps: dict[tuple, object] = {}

@@ -13,6 +13,11 @@ What differs between the supported releases, and is bridged here:
   `pack_read_stream(kv_loc_plan, ...)` in 0.5.22 (a ForwardBatch then carries `kv_loc_plan`);
 - the KV write location: `KVWriteLoc(out_cache_loc)` in 0.5.21, `KVWriteLoc.for_batch(batch)`
   (which carries the batch's physical-id mark) from 0.5.22.
+
+The same in all three: the DSA KV pool (`DSATokenToKVPool`: one [slots, 1, width] tensor per
+layer, bf16 rows of 576 or fp8 "scaled" rows of 656 bytes), and server-arg resolution's plugin
+hook (`register_resolution_hook`), through which kgen resolves speculative decoding as Triton
+does (`resolve_speculative_as_triton`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import functools
 import importlib
 import inspect
 from dataclasses import dataclass
+
+import torch
 
 from ..errors import KgenError
 
@@ -53,6 +60,7 @@ def _names(module: str, *paths: str, **kw) -> tuple[Name, ...]:
 
 
 _TRITON = "sglang.srt.layers.attention.triton_backend"
+_ARGS = "sglang.srt.arg_groups"
 _POOL = "sglang.srt.mem_cache.memory_pool"
 _BATCH = "sglang.srt.model_executor.forward_batch_info"
 _METHOD = ("q", "k", "v", "layer", "forward_batch", "save_kv_cache")
@@ -71,6 +79,7 @@ NAMES: tuple[Name, ...] = (
     Name(_TRITON, "TritonAttnBackend.forward_extend", _METHOD),
     Name(_TRITON, "TritonAttnBackend.forward_decode", _METHOD),
     Name(_TRITON, "TritonAttnBackend._target_verify_num_tokens_per_req", ("spec_info",)),
+    Name(_TRITON, "TritonAttnBackend.get_indexer_metadata", ("layer_id", "forward_batch")),
     *_names(_TRITON, *(f"TritonAttnBackend.{a}" for a in (
         "use_mla", "dcp_size", "enable_deterministic", "sliding_window_size", "num_draft_tokens",
         "max_context_len", "kv_index_translator", "token_to_kv_pool", "page_size")), instance=True),
@@ -83,6 +92,17 @@ NAMES: tuple[Name, ...] = (
     Name(_POOL, "KVWriteLoc.for_batch", ("forward_batch",), versions=SUPPORTED[1:]),
     Name(_POOL, "MLATokenToKVPool.set_kv_buffer", ("layer", "loc_info", "cache_k", "cache_v")),
     Name(_POOL, "MLATokenToKVPool.get_key_buffer", ("layer_id",)),
+    # the DSA pool (GLM-5, DeepSeek-V3.2): its rows, and SGLang's own writer of its scaled fp8 rows
+    Name(_POOL, "DSATokenToKVPool"),
+    *_names(_POOL, "DSATokenToKVPool.quant_block_size", "DSATokenToKVPool.rope_storage_dtype"),
+    Name(_POOL, "MLATokenToKVPool.set_mla_kv_buffer", ("layer", "loc_info", "cache_k_nope", "cache_k_rope")),
+    *_names(_POOL, *(f"MLATokenToKVPool.{a}" for a in ("kv_cache_dim", "kv_lora_rank", "dsa_kv_cache_store_fp8")),
+            instance=True),
+    # server-arg resolution: kgen's speculative-decoding step (topk > 1 trees at page size > 1)
+    Name(f"{_ARGS}.resolution_hooks", "register_resolution_hook", ("name",)),
+    Name(f"{_ARGS}.speculative_hook", "handle_speculative_decoding", ("server_args",)),
+    Name(f"{_ARGS}.overrides", "declare_resolution", ("server_args", "source")),
+    Name(f"{_ARGS}.overrides", "resolved_view", ("server_args",)),
     # the forward batch and its verify input
     *_names(_BATCH, *(f"ForwardBatch.{a}" for a in (
         "forward_mode", "batch_size", "req_pool_indices", "seq_lens", "seq_lens_sum", "out_cache_loc",
@@ -216,10 +236,27 @@ def attention_layers(model) -> list:
     return [m for m in model.modules() if isinstance(m, RadixAttention)]
 
 
-def is_plain_mla_pool(pool) -> bool:
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+@dataclass(frozen=True)
+class KVRows:
+    """How an SGLang MLA KV pool stores a token's latent row: one [slots, 1, width] tensor per
+    layer, a slot is a row (the page size only shapes allocation)."""
 
-    return type(pool) is MLATokenToKVPool
+    pool: str  # the pool's class name
+    width: int  # elements per row: 576 (bf16 or fp8 e4m3), or 656 bytes for scaled rows
+    scaled: bool  # fp8 with per-block scales: [e4m3 latent | fp32 scale per block | bf16 rope]
+    block: int  # latent dims per scale (scaled rows)
+    rope_dtype: object  # the rope values' dtype in scaled rows
+
+
+def kv_rows(pool) -> KVRows | None:
+    """The rows of SGLang's plain MLA pool or its DSA pool; None for any other pool (their
+    subclasses too: HiSparse, layer-split and page-interleaved pools keep rows elsewhere)."""
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
+
+    if type(pool) not in (MLATokenToKVPool, DSATokenToKVPool):
+        return None
+    return KVRows(type(pool).__name__, int(pool.kv_cache_dim), bool(pool.dsa_kv_cache_store_fp8),
+                  DSATokenToKVPool.quant_block_size, DSATokenToKVPool.rope_storage_dtype)
 
 
 def draft_tokens_per_request(backend, spec_info) -> int:
@@ -252,18 +289,74 @@ def gather_kv_indices(backend, forward_batch, req_pool_indices, seq_lens, kv_ind
 
 def save_kv(backend, layer, forward_batch, k, v) -> None:
     """Store the batch's new latent rows in the layer's KV pool, as the Triton backend stores an
-    MLA layer's: k / k_scale when the layer has a k_scale (a copy: the caller still reads k)."""
+    MLA layer's: k / k_scale when the layer has a k_scale (a copy: the caller still reads k). A
+    DSA pool of scaled fp8 rows (which that writer refuses) quantizes them with its own writer,
+    as SGLang's MLA models store their latents there."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
     loc = KVWriteLoc.for_batch(forward_batch) if since(PLAN_SINCE) else KVWriteLoc(forward_batch.out_cache_loc)
+    pool = backend.token_to_kv_pool
+    if pool.dsa_kv_cache_store_fp8:
+        r = pool.kv_lora_rank
+        pool.set_mla_kv_buffer(layer, loc, k[..., :r], k[..., r:])
+        return
     if layer.k_scale is not None:
         k = k.clone().div_(layer.k_scale)
-    backend.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+    pool.set_kv_buffer(layer, loc, k, v)
 
 
 def key_buffer(backend, layer):
-    """The layer's latent cache [slots, 1, D] (kv dtype)."""
-    return backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    """The layer's latent cache [slots, 1, width] as stored: the kv dtype, or uint8 for scaled
+    fp8 rows (the pool hands those out viewed as float8_e4m3fn)."""
+    pool = backend.token_to_kv_pool
+    rows = pool.get_key_buffer(layer.layer_id)
+    return rows.view(torch.uint8) if pool.dsa_kv_cache_store_fp8 else rows
+
+
+def indexer_off(backend, layer_id: int, forward_batch) -> bool:
+    """SGLang's DSA indexer picks no top-k for this backend (it asks the backend for indexer
+    metadata and, given none, returns no indices): a DSA model's attention is dense."""
+    return backend.get_indexer_metadata(layer_id, forward_batch) is None
+
+
+# ---- server-arg resolution --------------------------------------------------------------------
+
+_BACKEND_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+
+
+@functools.cache
+def resolve_speculative_as_triton(name: str) -> None:
+    """Override SGLang's speculative-decoding resolution step (its plugin hook for named steps;
+    once per process): where `name` is the attention backend (or a prefill/decode one), the step
+    resolves as it does for "triton", and a speculative draft whose attention backend is not given
+    gets "triton". `name`'s backend is Triton's in every mode but verify and decode, so Triton's
+    draft path (at page size > 1 with topk > 1, its two-pass tree draft) and Triton's checks
+    apply (e.g. topk > 1 at page size > 1, which SGLang allows for flashinfer, fa3 and triton)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolved_view
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    source = f"{name} (kgen): speculative decoding resolves as for triton"
+
+    def handle_speculative_decoding(server_args, previous) -> None:
+        view = resolved_view(server_args)
+        ours = [f for f in _BACKEND_FIELDS if getattr(view, f) == name]
+        if not ours:
+            return previous(server_args)
+        if view.speculative_algorithm is not None and view.speculative_draft_attention_backend is None:
+            declare_resolution(server_args, source, speculative_draft_attention_backend="triton")
+        declare_resolution(server_args, source, **dict.fromkeys(ours, "triton"))
+        try:
+            previous(server_args)
+        finally:  # give the fields back to `name` (unless the step itself chose another backend)
+            after = resolved_view(server_args)
+            back = {f: name for f in ours if getattr(after, f) == "triton"}
+            if back:
+                declare_resolution(server_args, source, **back)
+
+    try:
+        register_resolution_hook("handle_speculative_decoding")(handle_speculative_decoding)
+    except ValueError:  # not an overridable step in this build
+        raise _fail(check(), "handle_speculative_decoding is not an overridable resolution step") from None
 
 
 # ---- the opt-in defrag hook's view of the server ----------------------------------------------
