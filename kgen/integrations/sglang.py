@@ -238,7 +238,7 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
             return None, (f"scaled fp8 rows of {rows.width} B, {rows.block}-dim scale blocks and {rows.rope_dtype} "
                           f"rope (kgen reads {scaled_row_bytes(cfg)} B rows: {SCALE_BLOCK}-dim blocks, bf16 rope)")
         if "scales" not in CacheSpec.model_fields:
-            return None, "fp8 rows with per-block scales (this kgen's specs have no cache.scales)"
+            return None, "fp8 rows with per-block scales, which this kgen's specs cannot describe yet (no cache.scales)"
         cache["scales"] = "per_block"
     elif rows.width != dim:
         return None, f"{rows.width}-wide KV rows (kgen reads {dim}-wide latent rows)"

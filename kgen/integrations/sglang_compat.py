@@ -12,7 +12,8 @@ What differs between the supported releases, and is bridged here:
 - the KV-index gather: 0.5.21's `KVIndexTranslator.fill_packed_read_stream(...)` became
   `pack_read_stream(kv_loc_plan, ...)` in 0.5.22 (a ForwardBatch then carries `kv_loc_plan`);
 - the KV write location: `KVWriteLoc(out_cache_loc)` in 0.5.21, `KVWriteLoc.for_batch(batch)`
-  (which carries the batch's physical-id mark) from 0.5.22.
+  (which carries the batch's physical-id mark) from 0.5.22; the MLA writer `set_mla_kv_buffer`
+  takes the slots themselves in 0.5.21, the write location from 0.5.22.
 
 The same in all three: the DSA KV pool (`DSATokenToKVPool`: one [slots, 1, width] tensor per
 layer, bf16 rows of 576 or fp8 "scaled" rows of 656 bytes), and server-arg resolution's plugin
@@ -95,7 +96,10 @@ NAMES: tuple[Name, ...] = (
     # the DSA pool (GLM-5, DeepSeek-V3.2): its rows, and SGLang's own writer of its scaled fp8 rows
     Name(_POOL, "DSATokenToKVPool"),
     *_names(_POOL, "DSATokenToKVPool.quant_block_size", "DSATokenToKVPool.rope_storage_dtype"),
-    Name(_POOL, "MLATokenToKVPool.set_mla_kv_buffer", ("layer", "loc_info", "cache_k_nope", "cache_k_rope")),
+    Name(_POOL, "MLATokenToKVPool.set_mla_kv_buffer", ("layer", "loc", "cache_k_nope", "cache_k_rope"),
+         versions=SUPPORTED[:1]),
+    Name(_POOL, "MLATokenToKVPool.set_mla_kv_buffer", ("layer", "loc_info", "cache_k_nope", "cache_k_rope"),
+         versions=SUPPORTED[1:]),
     *_names(_POOL, *(f"MLATokenToKVPool.{a}" for a in ("kv_cache_dim", "kv_lora_rank", "dsa_kv_cache_store_fp8")),
             instance=True),
     # server-arg resolution: kgen's speculative-decoding step (topk > 1 trees at page size > 1)
@@ -294,11 +298,12 @@ def save_kv(backend, layer, forward_batch, k, v) -> None:
     as SGLang's MLA models store their latents there."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    loc = KVWriteLoc.for_batch(forward_batch) if since(PLAN_SINCE) else KVWriteLoc(forward_batch.out_cache_loc)
+    plan = since(PLAN_SINCE)
+    loc = KVWriteLoc.for_batch(forward_batch) if plan else KVWriteLoc(forward_batch.out_cache_loc)
     pool = backend.token_to_kv_pool
-    if pool.dsa_kv_cache_store_fp8:
+    if pool.dsa_kv_cache_store_fp8:  # 0.5.21's writer takes the slots themselves
         r = pool.kv_lora_rank
-        pool.set_mla_kv_buffer(layer, loc, k[..., :r], k[..., r:])
+        pool.set_mla_kv_buffer(layer, loc if plan else forward_batch.out_cache_loc, k[..., :r], k[..., r:])
         return
     if layer.k_scale is not None:
         k = k.clone().div_(layer.k_scale)
