@@ -43,6 +43,25 @@ def bridge(h: Harness, runner, backend, gen: torch.Generator) -> dict:
                                              step.pool[1][others[:step.pool.shape[1]]])))
 
 
+def to_triton(h: Harness, runner, backend, gen: torch.Generator) -> str:
+    """A verify call kgen does not take (a logit-capped layer) goes to Triton; on scaled fp8 rows,
+    which Triton cannot read, the backend refuses it with one line instead: that line, or ""."""
+    step = Step(h, [70, 9], 4, gen)
+    step.load(runner)
+    fb = step.forward_batch(runner)
+    backend.init_forward_metadata(fb)
+    q, k, v = step.inputs("cpu")
+    layer = runner.layers[2]
+    layer.logit_cap = 30.0
+    try:
+        backend.forward(q, k, v, layer, fb, save_kv_cache=True)
+        return ""
+    except ValueError as e:
+        return str(e)
+    finally:
+        layer.logit_cap = 0.0
+
+
 def main(seed: int, kv: str) -> dict:
     kgen.jit = RefModule
     torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(major=12, minor=0)
@@ -65,6 +84,7 @@ def main(seed: int, kv: str) -> dict:
                   page_size=runner.page_size, kgen_on=backend.kgen is not None, off_reason=backend.kgen_off_reason,
                   log=[line for line in lines if line.startswith("kgen backend:")], errors=[], stored=[], meta=[])
     report["bridge"] = bridge(h, runner, backend, gen)
+    report["refused"] = to_triton(h, runner, backend, gen)
     if backend.kgen is None:
         return report
 

@@ -118,6 +118,15 @@ def test_the_adapter_reads_and_writes_the_pools_rows_as_sglang_stores_them(glm5)
     assert b["stored"] is True and b["others_kept"] is True  # fp8: byte-equal to SGLang's own quantizer
 
 
+def test_calls_triton_would_get_on_scaled_rows_are_refused_with_one_line(glm5):
+    kv, report = glm5
+    if kv == "bf16":
+        assert report["refused"] == ""  # a logit-capped layer: SGLang's Triton backend serves it
+    else:
+        msg = report["refused"]
+        assert "\n" not in msg and "TARGET_VERIFY call of layer 2" in msg and "--kv-cache-dtype bf16" in msg, msg
+
+
 def test_the_log_line_names_the_pool_rows_page_size_and_dense_attention(glm5):
     report, kv = served(glm5), glm5[0]
     rows = "fp8 e4m3 rows with per-block scales [slots, 656] uint8" if kv == "fp8" else "bf16 rows [slots, 576]"

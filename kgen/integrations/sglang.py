@@ -43,6 +43,11 @@ from . import sglang_compat as compat
 NAME = "kgen"
 VERIFY, DECODE = "verify", "decode"
 SCALE_BLOCK = 128  # latent dims per fp32 scale in scaled fp8 rows
+SCALED_ROWS_ON_TRITON = (
+    "kgen backend: a {mode} call of layer {layer} on a DSATokenToKVPool of fp8 rows with per-block scales, which "
+    "kgen does not serve and SGLang's Triton backend cannot read or write; serve GLM-5 with --kv-cache-dtype bf16, "
+    "or keep every prefill free of a cached prefix (--disable-radix-cache --chunked-prefill-size -1) and the draft "
+    "on bf16 rows (--speculative-draft-kv-cache-dtype bf16): docs/sglang.md")
 KV_DTYPES = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}  # SGLang's cache dtype -> kgen's
 logger = logging.getLogger(__name__)
 
@@ -222,8 +227,7 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
         return None, "not an MLA model"
     if backend.dcp_size > 1 or backend.enable_deterministic or (backend.sliding_window_size or 0) > 0:
         return None, "DCP, deterministic inference or sliding windows are on"
-    pool = backend.token_to_kv_pool
-    rows = compat.kv_rows(pool)
+    pool, rows = backend.token_to_kv_pool, backend.kgen_rows
     if rows is None or (rows.pool == "MLATokenToKVPool" and backend.page_size != 1):
         return None, (f"kgen reads SGLang's plain MLA KV pool with page size 1 or its DSATokenToKVPool, not a "
                       f"{type(pool).__name__} with page size {backend.page_size}")
@@ -295,6 +299,7 @@ class _KgenMethods:
     def __init__(self, model_runner, *args, **kwargs):
         super().__init__(model_runner, *args, **kwargs)
         compat.check_instance(self, "TritonAttnBackend")
+        self.kgen_rows = compat.kv_rows(self.token_to_kv_pool)
         try:
             self.kgen, said = _kgen_for_model(self, model_runner)
         except compat.SGLangError:
@@ -365,6 +370,8 @@ class _KgenMethods:
         """One layer of a batch prepared for `mode` on kgen, or the call as it came on Triton."""
         kv_scale = self._kgen_kv_scale(mode, layer, q, k, v, kwargs)
         if kv_scale is None:
+            if self.kgen_rows is not None and self.kgen_rows.scaled and layer.qk_head_dim == self.kgen_rows.dim:
+                raise ValueError(SCALED_ROWS_ON_TRITON.format(mode=fb.forward_mode.name, layer=layer.layer_id))
             return triton(q, k, v, layer, fb, save_kv_cache=save_kv_cache, **kwargs)
         if save_kv_cache:
             compat.save_kv(self, layer, fb, k, v)

@@ -100,7 +100,8 @@ NAMES: tuple[Name, ...] = (
          versions=SUPPORTED[:1]),
     Name(_POOL, "MLATokenToKVPool.set_mla_kv_buffer", ("layer", "loc_info", "cache_k_nope", "cache_k_rope"),
          versions=SUPPORTED[1:]),
-    *_names(_POOL, *(f"MLATokenToKVPool.{a}" for a in ("kv_cache_dim", "kv_lora_rank", "dsa_kv_cache_store_fp8")),
+    *_names(_POOL, *(f"MLATokenToKVPool.{a}" for a in ("kv_cache_dim", "kv_lora_rank", "qk_rope_head_dim",
+                                                     "dsa_kv_cache_store_fp8")),
             instance=True),
     # server-arg resolution: kgen's speculative-decoding step (topk > 1 trees at page size > 1)
     Name(f"{_ARGS}.resolution_hooks", "register_resolution_hook", ("name",)),
@@ -246,6 +247,7 @@ class KVRows:
     layer, a slot is a row (the page size only shapes allocation)."""
 
     pool: str  # the pool's class name
+    dim: int  # values per row: kv_lora_rank + qk_rope_head_dim (576)
     width: int  # elements per row: 576 (bf16 or fp8 e4m3), or 656 bytes for scaled rows
     scaled: bool  # fp8 with per-block scales: [e4m3 latent | fp32 scale per block | bf16 rope]
     block: int  # latent dims per scale (scaled rows)
@@ -259,7 +261,8 @@ def kv_rows(pool) -> KVRows | None:
 
     if type(pool) not in (MLATokenToKVPool, DSATokenToKVPool):
         return None
-    return KVRows(type(pool).__name__, int(pool.kv_cache_dim), bool(pool.dsa_kv_cache_store_fp8),
+    return KVRows(type(pool).__name__, pool.kv_lora_rank + pool.qk_rope_head_dim, int(pool.kv_cache_dim),
+                  bool(pool.dsa_kv_cache_store_fp8),
                   DSATokenToKVPool.quant_block_size, DSATokenToKVPool.rope_storage_dtype)
 
 
