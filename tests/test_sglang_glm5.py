@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SESSION_SEED
+from test_sglang_registry import doc_commands
 
 TESTS = Path(__file__).resolve().parent
 TOL = 1e-2
@@ -48,7 +49,10 @@ def child(*argv: str, interpret: bool = False) -> dict:
 
 @pytest.fixture(scope="module")
 def resolved(tmp_path_factory):
-    return child(str(TESTS / "sglang_resolve_child.py"), str(tmp_path_factory.mktemp("glm5") / "config"))
+    glm5 = [args for args in doc_commands() if args[args.index("--model-path") + 1] == "zai-org/GLM-5"]
+    assert len(glm5) == 2  # docs/sglang.md: sm_90, then sm_120
+    return child(str(TESTS / "sglang_resolve_child.py"), str(tmp_path_factory.mktemp("glm5") / "config"),
+                 json.dumps(glm5))
 
 
 def test_without_kgens_resolution_hook_sglang_refuses_a_tree_at_page_size_64(resolved):
@@ -69,6 +73,17 @@ def test_glm5_with_kgen_and_an_eagle_tree_resolves_with_kgen_verifying_and_trito
 def test_a_draft_backend_the_user_names_is_kept_and_page_size_stays_64(resolved):
     assert resolved["sm90_flashinfer_draft"]["draft_backend"] == "flashinfer"
     assert resolved["sm90_page1"]["page_size"] == 64  # the DSA override, whatever --page-size says
+
+
+@pytest.mark.parametrize("gpu, kv", [("sm90", "bfloat16"), ("sm120", "fp8_e4m3")])
+def test_the_documented_glm5_commands_resolve_as_the_docs_say(resolved, gpu, kv):
+    got = resolved[f"docs_{gpu}"]
+    assert "error" not in got, got
+    assert got["verify_and_decode"] == ["kgen", "kgen"] and got["draft_backend"] == "triton"
+    assert (got["page_size"], got["kv_cache_dtype"], got["topk"]) == (64, kv, 4)
+    if gpu == "sm120":  # the flags that keep Triton off the scaled rows
+        assert got["draft_kv_cache_dtype"] == "bf16" and got["radix_cache"] is False
+        assert got["chunked_prefill_size"] == -1
 
 
 def test_launch_server_help_lists_kgen():
