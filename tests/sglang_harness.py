@@ -106,6 +106,8 @@ class Harness:
         self.page_size = DSA_PAGE if glm5 else 1
         self.scaled = glm5 and kv_dtype == torch.float8_e4m3fn
         self.width = SCALED_ROW if self.scaled else R + P
+        # pool size: every request can hold context_len tokens besides SGLang's padding slot (page)
+        self.slots = max_bs * context_len + self.page_size
         self._server_args = get_context().override_server_args(
             attention_backend="kgen", chunked_prefill_size=-1,
             cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(backend=Backend.FULL),
@@ -140,11 +142,11 @@ class Harness:
         req = ReqToTokenPool(size=self.max_bs, max_context_len=self.context_len, device=str(dev),
                              enable_memory_saver=False)
         if self.glm5:  # the pool SGLang gives every DSA model on CUDA (kv_cache_configurator)
-            pool = DSATokenToKVPool(size=self.max_bs * self.context_len, page_size=page, kv_lora_rank=R,
+            pool = DSATokenToKVPool(size=self.slots, page_size=page, kv_lora_rank=R,
                                     dtype=self.kv_dtype, qk_rope_head_dim=P, layer_num=self.layers, device=str(dev),
                                     index_head_dim=128, enable_memory_saver=False, kv_cache_dim=self.width)
         else:
-            pool = MLATokenToKVPool(size=self.max_bs * self.context_len + 1, page_size=1, dtype=torch.bfloat16,
+            pool = MLATokenToKVPool(size=self.slots, page_size=1, dtype=torch.bfloat16,
                                     kv_lora_rank=R, qk_rope_head_dim=P, layer_num=1, device=str(dev),
                                     enable_memory_saver=False)
         allocator = TokenToKVPoolAllocator(size=self.max_bs * self.context_len, dtype=self.kv_dtype,
@@ -191,11 +193,12 @@ class Step:
             self.rows = [slots[a - b:a] for a, b in zip(ends, new)]
         else:  # page 0 holds the padding slot
             counts = [-(-x // page) for x in new]
-            pages = torch.randperm(num_slots // page - 1, generator=gen)[:sum(counts)] + 1
+            pages = torch.randperm(harness.slots // page - 1, generator=gen)[:sum(counts)] + 1
+            assert pages.numel() == sum(counts), f"{sum(counts)} pages do not fit the pool"
             firsts = torch.tensor(counts).cumsum(0).tolist()
             self.rows = [(pages[a - c:a, None] * page + torch.arange(page)).flatten()[:x]
                          for a, c, x in zip(firsts, counts, new)]
-        self.pool = random_rows((harness.layers, num_slots + page), gen, scaled=harness.scaled)
+        self.pool = random_rows((harness.layers, harness.slots + page), gen, scaled=harness.scaled)  # the pool's rows
         self.q = torch.randn(bs * per, harness.heads, R + P, generator=gen).to(torch.bfloat16)
         self.k = torch.randn(bs * per, 1, R + P, generator=gen).to(torch.bfloat16)
         # the new tokens' slots: a verify batch's tree tokens follow the prefix; decode: the last token
