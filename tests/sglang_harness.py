@@ -67,6 +67,23 @@ def stand_in_missing() -> list[str]:
     return done
 
 
+def gpu_ready() -> None:
+    """What a GPU test of SGLang's backends does first: skip without sglang; stand in for what the
+    GPU machine lacks (printed; never SGLang itself); register kgen's backend."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed (bench/gpu_sglang.sh installs the carried wheels)")
+    stood_in = stand_in_missing()
+    print(f"stood in for: {stood_in or 'nothing'}")
+    assert set(stood_in) <= {"sgl_kernel", "torchvision"}
+    from kgen.integrations import sglang as integration
+
+    integration.register()
+
+
 class _Absent(types.ModuleType):
     """A module whose every public name is a stand-in that fails when used."""
 
@@ -295,6 +312,49 @@ class Step:
             p = torch.softmax(logits.masked_fill(~visible[:, None, :], float("-inf")), -1)
             outs.append(torch.einsum("nhk,kd->nhd", p, keys[:, :R]))
         return torch.cat(outs)
+
+
+class Captured:
+    """`backend`'s forward of every layer of `runner`, captured in a CUDA graph as SGLang's graph
+    runner does it: init_cuda_graph_state once; init_forward_metadata_out_graph(in_capture=True) on
+    a batch of max_bs requests (`first`), a warm-up outside the capture, the capture. `replay(step)`:
+    the step's values into the captured batch's tensors, out_graph, replay (outputs poisoned first)."""
+
+    def __init__(self, backend, runner, first: Step, max_bs: int):
+        self.backend, self.runner, self.max_bs = backend, runner, max_bs
+        backend.init_cuda_graph_state(max_bs, max_bs * max(first.n, 1))
+        first.load(runner)
+        self.fb = first.forward_batch(runner, pad_to=max_bs)
+        self.q, self.k, self.v = first.inputs(runner.device, pad_to=max_bs)
+        backend.init_forward_metadata_out_graph(self.fb, in_capture=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward()  # warm up outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.outs = self._forward()
+
+    def _forward(self) -> list[torch.Tensor]:
+        return [self.backend.forward(self.q, self.k, self.v, layer, self.fb, save_kv_cache=True)
+                for layer in self.runner.layers]
+
+    def replay(self, step: Step) -> list[torch.Tensor]:
+        """Each layer's output for `step` (padded to max_bs requests), from the captured graph."""
+        step.load(self.runner)
+        new = step.forward_batch(self.runner, pad_to=self.max_bs)
+        for name in ("req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc", "positions"):
+            getattr(self.fb, name).copy_(getattr(new, name))
+        self.fb.seq_lens_sum, self.fb.spec_info = new.seq_lens_sum, new.spec_info
+        self.backend.init_forward_metadata_out_graph(self.fb)
+        q, k, _ = step.inputs(self.runner.device, pad_to=self.max_bs)
+        self.q.copy_(q)
+        self.k.copy_(k)
+        for out in self.outs:
+            out.fill_(float("nan"))
+        self.graph.replay()
+        return [out.clone() for out in self.outs]
 
 
 def key_rows(runner, layer: int) -> torch.Tensor:

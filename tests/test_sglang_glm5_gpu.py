@@ -16,7 +16,6 @@ bench/gpu_sglang.sh.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_harness import Harness, Step, key_rows, rel_l2, stand_in_missing  # noqa: E402
+from sglang_harness import Captured, Harness, Step, gpu_ready, key_rows, rel_l2  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -35,14 +34,7 @@ TOL = 1e-2
 @pytest.fixture(scope="module", params=["bf16", "fp8"])
 def glm5(request, cuda):
     """(kv, harness, (kgen backend, runner), (Triton backend, runner) or None for fp8 rows)."""
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (bench/gpu_sglang.sh installs the carried wheels)")
-    stood_in = stand_in_missing()
-    print(f"stood in for: {stood_in or 'nothing'}")
-    assert set(stood_in) <= {"sgl_kernel", "torchvision"}
-    from kgen.integrations import sglang as integration
-
-    integration.register()
+    gpu_ready()
     kv = request.param
     h = Harness(cuda, max_bs=MAX_BS, context_len=CONTEXT, draft_tokens=DRAFT, glm5=True,
                 kv_dtype=torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16)
@@ -118,34 +110,9 @@ def test_cuda_graph_replays_of_every_layer(glm5, seed, verify):
     kv, h, (kb, rk), triton = glm5
     gen = torch.Generator().manual_seed(seed)
     n = DRAFT if verify else 0
-    kb.init_cuda_graph_state(MAX_BS, MAX_BS * max(n, 1))
-    first = Step(h, [1] * MAX_BS, n, gen)
-    first.load(rk)
-    fb = first.forward_batch(rk, pad_to=MAX_BS)
-    q, k, v = first.inputs(rk.device, pad_to=MAX_BS)
-    kb.init_forward_metadata_out_graph(fb, in_capture=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        [kb.forward(q, k, v, layer, fb, save_kv_cache=True) for layer in rk.layers]  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [kb.forward(q, k, v, layer, fb, save_kv_cache=True) for layer in rk.layers]
-
+    graph = Captured(kb, rk, Step(h, [1] * MAX_BS, n, gen), MAX_BS)
     for r in range(6):
         step = random_step(h, gen, n, [50, 900, CONTEXT - DRAFT][r % 3], bs=MAX_BS if r % 3 == 0 else None)
-        step.load(rk)
-        new = step.forward_batch(rk, pad_to=MAX_BS)
-        for name in ("req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc", "positions"):
-            getattr(fb, name).copy_(getattr(new, name))
-        fb.seq_lens_sum, fb.spec_info = new.seq_lens_sum, new.spec_info
-        kb.init_forward_metadata_out_graph(fb)
-        new_q, new_k, _ = step.inputs(rk.device, pad_to=MAX_BS)
-        q.copy_(new_q)
-        k.copy_(new_k)
-        for out in outs:
-            out.fill_(float("nan"))
-        graph.replay()
+        outs = graph.replay(step)
         want = eager(*triton, step) if triton else None
-        check(glm5, step, [out.clone() for out in outs], want, f"{kv} replay {r} ({len(step.lens)} of {MAX_BS})")
+        check(glm5, step, outs, want, f"{kv} replay {r} ({len(step.lens)} of {MAX_BS})")
