@@ -77,6 +77,7 @@ def main(model: str, docs: list[list[str]]) -> dict:
     report.update(sm120=resolve(model, (12, 0)), sm90=resolve(model, (9, 0)),
                   sm90_flashinfer_draft=resolve(model, (9, 0), "--speculative-draft-attention-backend", "flashinfer"),
                   sm90_page1=resolve(model, (9, 0), "--page-size", "1"),
+                  sm90_triton=resolve(model, (9, 0), "--attention-backend", "triton"),
                   docs_sm90=resolve(model, (9, 0), argv=docs[0]), docs_sm120=resolve(model, (12, 0), argv=docs[1]))
     return report
 

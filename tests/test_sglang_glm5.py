@@ -75,6 +75,31 @@ def test_a_draft_backend_the_user_names_is_kept_and_page_size_stays_64(resolved)
     assert resolved["sm90_page1"]["page_size"] == 64  # the DSA override, whatever --page-size says
 
 
+def test_the_hook_leaves_other_backends_resolution_alone(resolved):
+    got = resolved["sm90_triton"]
+    assert got["attention_backend"] == "triton" and got["draft_backend"] is None
+
+
+def test_the_resolution_hook_registers_once_and_a_refusal_is_one_line():
+    pytest.importorskip("sglang", reason="sglang is not installed (CI installs it: .ci/run)")
+    from kgen.integrations import sglang_compat as compat
+
+    code = ("import sys; sys.path.insert(0, TESTS); from sglang_harness import stand_in_missing; stand_in_missing()\n"
+            "from sglang.srt.arg_groups import resolution_hooks as rh\n"
+            "from kgen.integrations import sglang as ks, sglang_compat as compat\n"
+            "ks.register(); ks.register()\n"
+            "print(len(rh._HOOKS['handle_speculative_decoding']))\n"
+            "rh.register_resolution_hook = lambda name: (_ for _ in ()).throw(ValueError('a long list'))\n"
+            "try:\n    compat.resolve_speculative_as_triton.__wrapped__('kgen2')\n"
+            "except compat.SGLangError as e:\n    print(e)\n").replace("TESTS", repr(str(TESTS)))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    count, msg = proc.stdout.strip().splitlines()[-2:]
+    assert count == "1"
+    assert msg.startswith("sglang 0.5.2") and "handle_speculative_decoding is not an overridable" in msg
+    assert compat.SUPPORTED[-1] in msg
+
+
 @pytest.mark.parametrize("gpu, kv", [("sm90", "bfloat16"), ("sm120", "fp8_e4m3")])
 def test_the_documented_glm5_commands_resolve_as_the_docs_say(resolved, gpu, kv):
     got = resolved[f"docs_{gpu}"]
