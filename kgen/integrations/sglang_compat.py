@@ -80,6 +80,7 @@ NAMES: tuple[Name, ...] = (
     Name(_TRITON, "TritonAttnBackend.forward_extend", _METHOD),
     Name(_TRITON, "TritonAttnBackend.forward_decode", _METHOD),
     Name(_TRITON, "TritonAttnBackend._target_verify_num_tokens_per_req", ("spec_info",)),
+    # None: SGLang's DSA indexer picks no top-k for this backend, so a DSA model's attention is dense
     Name(_TRITON, "TritonAttnBackend.get_indexer_metadata", ("layer_id", "forward_batch")),
     *_names(_TRITON, *(f"TritonAttnBackend.{a}" for a in (
         "use_mla", "dcp_size", "enable_deterministic", "sliding_window_size", "num_draft_tokens",
@@ -304,8 +305,8 @@ def save_kv(backend, layer, forward_batch, k, v) -> None:
     plan = since(PLAN_SINCE)
     loc = KVWriteLoc.for_batch(forward_batch) if plan else KVWriteLoc(forward_batch.out_cache_loc)
     pool = backend.token_to_kv_pool
-    if pool.dsa_kv_cache_store_fp8:  # 0.5.21's writer takes the slots themselves
-        r = pool.kv_lora_rank
+    if pool.dsa_kv_cache_store_fp8:
+        r = pool.kv_lora_rank  # 0.5.21's writer takes the slots themselves
         pool.set_mla_kv_buffer(layer, loc if plan else forward_batch.out_cache_loc, k[..., :r], k[..., r:])
         return
     if layer.k_scale is not None:
@@ -319,12 +320,6 @@ def key_buffer(backend, layer):
     pool = backend.token_to_kv_pool
     rows = pool.get_key_buffer(layer.layer_id)
     return rows.view(torch.uint8) if pool.dsa_kv_cache_store_fp8 else rows
-
-
-def indexer_off(backend, layer_id: int, forward_batch) -> bool:
-    """SGLang's DSA indexer picks no top-k for this backend (it asks the backend for indexer
-    metadata and, given none, returns no indices): a DSA model's attention is dense."""
-    return backend.get_indexer_metadata(layer_id, forward_batch) is None
 
 
 # ---- server-arg resolution --------------------------------------------------------------------
@@ -350,7 +345,8 @@ def resolve_speculative_as_triton(name: str) -> None:
         ours = [f for f in _BACKEND_FIELDS if getattr(view, f) == name]
         if not ours:
             return previous(server_args)
-        if view.speculative_algorithm is not None and view.speculative_draft_attention_backend is None:
+        drafted = str(view.speculative_algorithm).upper() not in ("NONE", "NGRAM")  # a draft model's attention
+        if drafted and view.speculative_draft_attention_backend is None:
             declare_resolution(server_args, source, speculative_draft_attention_backend="triton")
         declare_resolution(server_args, source, **dict.fromkeys(ours, "triton"))
         try:
