@@ -231,15 +231,7 @@ class Step:
         given, or, in scaled fp8 rows, k as SGLang's own quantizer for that pool writes it (run
         once on `device`)."""
         if self._stored is None:
-            if self.h.scaled:
-                from sglang.kernels.ops.quantization.dsa_quant_k_cache import quantize_k_cache_separate
-
-                k = self.k.to(device)
-                nope, rope = quantize_k_cache_separate(k[..., :R], k[..., R:])
-                self._stored = torch.cat([nope.reshape(k.shape[0], -1), rope.reshape(k.shape[0], -1)], 1)
-                self._stored = self._stored.view(k.shape[0], 1, SCALED_ROW).cpu()
-            else:
-                self._stored = self.k
+            self._stored = sglang_scaled_rows(self.k.to(device)).cpu() if self.h.scaled else self.k
         return self._stored
 
     def custom_mask(self) -> torch.Tensor:
@@ -295,15 +287,16 @@ class Step:
 
     def reference(self, layer: int = 0, device="cpu") -> torch.Tensor:
         """[T, H, 512] float64 for `layer`: each new token attends to its prefix (and, verifying,
-        the tree tokens its mask shows, k as given; decoding, the prefix includes its own row, as
-        stored)."""
+        the tree tokens its mask shows; decoding, the prefix includes its own row), the new tokens'
+        keys as the pool stores them (scaled fp8 rows: quantized, as SGLang's DSA attention reads
+        its tree tokens back from the pool)."""
         outs, pool = [], dequantized(self.pool[layer, :, 0], scaled=self.h.scaled)
         own = dequantized(self.stored(device)[:, 0], scaled=self.h.scaled)
         per = max(self.n, 1)
         for b, length in enumerate(self.lens):
             q = self.q[b * per:(b + 1) * per].double()
             if self.verify:
-                keys = torch.cat([pool[self.rows[b][:length]], self.k[b * per:(b + 1) * per, 0].double()])
+                keys = torch.cat([pool[self.rows[b][:length]], own[b * per:(b + 1) * per]])
                 visible = torch.cat([torch.ones(self.n, length, dtype=torch.bool), self.tree[b]], 1)
             else:
                 keys = torch.cat([pool[self.rows[b][:length - 1]], own[b:b + 1]])
@@ -357,6 +350,15 @@ class Captured:
         return [out.clone() for out in self.outs]
 
 
+def sglang_scaled_rows(k: torch.Tensor) -> torch.Tensor:
+    """[T, 1, 656] uint8: bf16 keys [T, 1, 576] as SGLang's own writer for scaled fp8 rows stores
+    them (its quantizer, a Triton kernel: on the CPU under TRITON_INTERPRET=1)."""
+    from sglang.kernels.ops.quantization.dsa_quant_k_cache import quantize_k_cache_separate
+
+    nope, rope = quantize_k_cache_separate(k[..., :R], k[..., R:])
+    return torch.cat([nope.reshape(k.shape[0], -1), rope.reshape(k.shape[0], -1)], 1).view(k.shape[0], 1, SCALED_ROW)
+
+
 def key_rows(runner, layer: int) -> torch.Tensor:
     """A layer's KV rows as stored ([slots, 1, width]: bf16, or the bytes of scaled fp8 rows)."""
     rows = runner.token_to_kv_pool.get_key_buffer(layer)
@@ -390,7 +392,8 @@ def dequantized(rows: torch.Tensor, *, scaled: bool) -> torch.Tensor:
 
 class RefModule:
     """kgen.jit's op module, computed by kgen.reference on the CPU (scaled fp8 rows dequantized
-    first: `dequantized`); records its layer calls."""
+    first: `dequantized`; bf16 tree keys of a scaled spec quantized to such rows, as kgen's ops do);
+    records its layer calls."""
 
     def __init__(self, spec):
         self.spec, self.device, self.calls = spec, torch.device("cpu"), []
@@ -401,6 +404,9 @@ class RefModule:
     def rows(self, kv_cache: torch.Tensor) -> torch.Tensor:
         rows = kv_cache.view(kv_cache.shape[0], -1)
         return dequantized(rows, scaled=True) if self.scaled else rows
+
+    def tree_keys(self, k_tree: torch.Tensor) -> torch.Tensor:
+        return self.rows(sglang_scaled_rows(k_tree.view(-1, 1, R + P))) if self.scaled else k_tree
 
     def workspace_bytes(self, num_tokens, batch):
         return 1
@@ -423,8 +429,8 @@ class RefStep:
     def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
         self.mod.calls.append("verify")
         qo, kv_indptr, kv_indices, kv_lens = self.prefix_meta
-        o, _ = verify_attention_ref(q, self.mod.rows(kv_cache), k_tree, qo, kv_indptr, kv_indices,
-                                    kv_lens, self.tree_mask, *self.mod.args, kv_scale=kv_scale)
+        o, _ = verify_attention_ref(q, self.mod.rows(kv_cache), self.mod.tree_keys(k_tree), qo, kv_indptr,
+                                    kv_indices, kv_lens, self.tree_mask, *self.mod.args, kv_scale=kv_scale)
         return out.copy_(o), None
 
     def prefix(self, q, kv_cache, *, kv_scale=1.0, out=None, lse=None):
