@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import importlib.machinery
+import inspect
 import sys
 import types
 
@@ -176,9 +177,10 @@ class Harness:
             is_draft_worker=False, kv_cache_dtype=self.kv_dtype, spec_algorithm=SpeculativeAlgorithm.NONE,
             decode_num_tokens_per_req=lambda **kw: self.draft_tokens, model=torch.nn.ModuleList(layers),
             layer=layers[0], layers=layers)
-        runner.kv_index_translator = KVIndexTranslator(
+        draft = {"is_draft_worker": False} if "is_draft_worker" in inspect.signature(KVIndexTranslator).parameters else {}
+        runner.kv_index_translator = KVIndexTranslator(  # 0.5.21's takes no is_draft_worker
             req_to_token=req.req_to_token, token_to_kv_pool_allocator=allocator, token_to_kv_pool=pool,
-            page_size=page, device=str(dev), is_draft_worker=False)
+            page_size=page, device=str(dev), **draft)
         return runner
 
     def backend(self, name: str, runner):
@@ -352,8 +354,9 @@ class Captured:
 
 def sglang_scaled_rows(k: torch.Tensor) -> torch.Tensor:
     """[T, 1, 656] uint8: bf16 keys [T, 1, 576] as SGLang's own writer for scaled fp8 rows stores
-    them (its quantizer, a Triton kernel: on the CPU under TRITON_INTERPRET=1)."""
-    from sglang.kernels.ops.quantization.dsa_quant_k_cache import quantize_k_cache_separate
+    them (the quantizer its pool calls, a Triton kernel: on the CPU under TRITON_INTERPRET=1; its
+    module moved between releases, the pool's module names it in each)."""
+    from sglang.srt.mem_cache.memory_pool import quantize_k_cache_separate
 
     nope, rope = quantize_k_cache_separate(k[..., :R], k[..., R:])
     return torch.cat([nope.reshape(k.shape[0], -1), rope.reshape(k.shape[0], -1)], 1).view(k.shape[0], 1, SCALED_ROW)
