@@ -86,6 +86,7 @@ def main(seed: int, kv: str) -> dict:
     report["refused"] = to_triton(h, runner, backend, gen)
     if backend.kgen is None:
         return report
+    report["spec"] = backend.kgen.module.spec.name
 
     def run(step: Step, fb) -> None:
         """Every layer of the batch, as a model runs it: one prepared step, a forward per layer."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -170,7 +171,9 @@ def test_calls_triton_would_get_on_scaled_rows_are_refused_with_one_line(glm5):
 def test_the_log_line_names_the_pool_rows_page_size_and_dense_attention(glm5):
     report, kv = served(glm5), glm5[0]
     rows = "fp8 e4m3 rows with per-block scales [slots, 656] uint8" if kv == "fp8" else "bf16 rows [slots, 576]"
-    assert report["log"] == [f"kgen backend: TARGET_VERIFY and DECODE run on kgen (sglang_runtime) over SGLang's "
+    kv_name = "fp8_pb" if kv == "fp8" else "bf16"
+    assert re.fullmatch(rf"sglang_h8_n16_{kv_name}_[0-9a-f]{{8}}", report["spec"]), report["spec"]
+    assert report["log"] == [f"kgen backend: TARGET_VERIFY and DECODE run on kgen ({report['spec']}) over SGLang's "
                              f"DSATokenToKVPool, {rows}, page size 64; dense attention (DSA indexer off: every token "
                              f"attends to its whole prefix)"]
     assert report["indexer_off"] is True  # SGLang's DSA indexer gets no metadata from this backend
@@ -187,3 +190,20 @@ def test_kgens_metadata_is_each_requests_prefix_slots_and_graph_replays_reuse_th
     report = served(glm5)
     assert report["meta"] == [True] * 8
     assert report["graph_step_reused"] == [True] * 4
+
+
+def test_each_derived_spec_has_its_own_name():
+    """kgen registers its ops per spec name: two models of one process must not share one."""
+    from kgen.integrations.sglang import runtime_spec_name
+
+    def data(scale=0.0625, heads=8, cache=None):
+        return dict(model=dict(num_q_heads=heads, kv_lora_rank=512, qk_rope_head_dim=64, softmax_scale=scale),
+                    cache=cache or dict(page_size=1, kv_dtype="bfloat16"), tree=dict(max_nodes=16),
+                    target=dict(arch="sm_90"))
+
+    names = {runtime_spec_name(d) for d in (
+        data(), data(scale=0.1352), data(heads=16),
+        data(cache=dict(page_size=1, kv_dtype="float8_e4m3fn")),
+        data(cache=dict(page_size=1, kv_dtype="float8_e4m3fn", scales="per_block")))}
+    assert len(names) == 5 and runtime_spec_name(data()) == runtime_spec_name(data())
+    assert all(re.fullmatch(r"sglang_h(8|16)_n16_(bf16|fp8|fp8_pb)_[0-9a-f]{8}", n) for n in names), names

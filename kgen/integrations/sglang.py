@@ -27,6 +27,8 @@ its e4m3 values times the layer's k_scale (1 without one); new rows are stored a
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -263,14 +265,21 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     else:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         nodes = max(1, backend.num_draft_tokens or 1, compat.draft_tokens_per_request(backend, None) or 1)
-        spec = parse_spec(dict(
-            name="sglang_runtime",
-            model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
-                       softmax_scale=scale),
-            cache=cache,
-            tree=dict(max_nodes=nodes),
-            target=dict(arch=arch_for_capability(props.major, props.minor).name)), "the SGLang model config")
+        data = dict(model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank,
+                               qk_rope_head_dim=cfg.qk_rope_head_dim, softmax_scale=scale),
+                    cache=cache, tree=dict(max_nodes=nodes),
+                    target=dict(arch=arch_for_capability(props.major, props.minor).name))
+        spec = parse_spec(dict(name=runtime_spec_name(data), **data), "the SGLang model config")
     return KgenMLA(kgen.jit(spec), backend.max_context_len), _serves(rows, kv_dtype, backend.page_size, dim)
+
+
+def runtime_spec_name(data: dict) -> str:
+    """A name for the spec derived from a model, as unique as its fields (kgen registers its ops per
+    spec name, and one process may serve models of several shapes): sglang_h<heads>_n<nodes>_<kv>_<hash>."""
+    cache = data["cache"]
+    kv = {"bfloat16": "bf16", "float8_e4m3fn": "fp8"}[cache["kv_dtype"]] + ("_pb" if cache.get("scales") else "")
+    digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    return f"sglang_h{data['model']['num_q_heads']}_n{data['tree']['max_nodes']}_{kv}_{digest}"
 
 
 def _serves(rows: compat.KVRows, kv_dtype: str, page_size: int, dim: int) -> str:
