@@ -61,7 +61,7 @@ def resolve(model: str, capability: tuple[int, int], *extra: str, argv: list[str
                 kv_cache_dtype=v.kv_cache_dtype, draft_backend=v.speculative_draft_attention_backend,
                 topk=v.speculative_eagle_topk, draft_tokens=v.speculative_num_draft_tokens,
                 draft_kv_cache_dtype=v.speculative_draft_kv_cache_dtype, radix_cache=not v.disable_radix_cache,
-                chunked_prefill_size=v.chunked_prefill_size)
+                chunked_prefill_size=v.chunked_prefill_size, prefill_graph=str(v.cuda_graph_config.prefill.backend))
 
 
 def main(model: str, docs: list[list[str]]) -> dict:

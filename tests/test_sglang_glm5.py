@@ -107,9 +107,9 @@ def test_the_documented_glm5_commands_resolve_as_the_docs_say(resolved, gpu, kv)
     assert "error" not in got, got
     assert got["verify_and_decode"] == ["kgen", "kgen"] and got["draft_backend"] == "triton"
     assert (got["page_size"], got["kv_cache_dtype"], got["topk"]) == (64, kv, 4)
-    if gpu == "sm120":  # the flags that keep Triton off the scaled rows
+    if gpu == "sm120":  # the flags that keep Triton off the scaled rows (a captured prefill would run as MLA)
         assert got["draft_kv_cache_dtype"] == "bf16" and got["radix_cache"] is False
-        assert got["chunked_prefill_size"] == -1
+        assert got["chunked_prefill_size"] == -1 and got["prefill_graph"] == "disabled"
 
 
 def test_launch_server_help_lists_kgen():
