@@ -71,10 +71,10 @@ MAX_SET_BYTES = 6 << 30  # input sets per shape: several L2 sizes of KV, within 
 
 def module(variant: str):
     import kgen
-    from kgen.plan import AttentionTiles
+    from kgen.designs import MmaSyncTiles
 
     path, plan_for, tiles = VARIANTS[variant]
-    return kgen.jit(kgen.load_spec(ROOT / path), arch=plan_for, tiles=AttentionTiles(*tiles) if tiles else None)
+    return kgen.jit(kgen.load_spec(ROOT / path), arch=plan_for, tiles=MmaSyncTiles(*tiles) if tiles else None)
 
 
 def inputs(mod, shape: tuple[int, int, int, int], sets: int, gen):
@@ -105,9 +105,9 @@ def time_shape(mod, shape, gen) -> tuple[float, int]:
 
     h, t, length, b = shape
     assert h == mod.spec.model.num_q_heads, (h, mod.spec.name)
-    from kgen.plan import KV_BYTES
+    from kgen import kvrows
 
-    kv = b * length * mod.spec.model.head_dim * KV_BYTES[mod.spec.cache.kv_dtype]
+    kv = b * length * kvrows.row_bytes(mod.spec)
     sets = int(max(2, min(16, math.ceil(4 * L2_BYTES / kv), MAX_SET_BYTES // max(kv, 1))))
     xs = inputs(mod, shape, sets, gen)
     us = time_rotation([one_call(mod, x, t == 1) for x in xs])

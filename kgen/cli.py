@@ -16,14 +16,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, sass
+from . import designs, sass
+from .version import __version__
 from .arch import get_arch
 from .build import build, build_variant
 from .cache import KernelCache
 from .errors import KgenError
 from .model import grid, predict, validation
 from .plan import plan
-from .tuning import buckets, find_table, tiles_text
+from .tuning import buckets, find_table
 from .render import render, templates_dir, write_generated
 from .spec import load_spec
 
@@ -168,9 +169,9 @@ def _print_buckets(table, p) -> None:
     for b in buckets():
         c = table.choices.get(b.key)
         if c is None:
-            t.add_row(b.key, f"heuristic ({tiles_text(p.tiles)}): not tuned", "", "", "")
+            t.add_row(b.key, f"heuristic ({designs.text(p.tiles)}): not tuned", "", "", "")
         else:
-            t.add_row(b.key, tiles_text(c.tiles), f"{c.us:.1f}", f"{c.default_us:.1f}", f"{100 * c.noise:.1f}%")
+            t.add_row(b.key, designs.text(c.tiles), f"{c.us:.1f}", f"{c.default_us:.1f}", f"{100 * c.noise:.1f}%")
     console.print(t)
 
 
@@ -330,10 +331,10 @@ def tune_cmd(
 
 def _rank_by_model(spec, a) -> None:
     """kgen tune --arch for an arch that is not here: the candidates ranked by the model."""
-    from .model import MODELED_DESIGNS, rank_by_model
-    from .tuning import candidates, tiles_text
+    from .model import modeled, rank_by_model
+    from .tuning import candidates
 
-    tried = [t for t in candidates(spec, a) if t.design in MODELED_DESIGNS]
+    tried = [t for t in candidates(spec, a) if modeled(t)]
     ranked = rank_by_model(spec, a, tried)
     console.print(f"[bold]MODEL, not a measurement[/bold]: no {a.name} GPU here, so the candidate tilings are "
                   f"ranked by the performance model (kgen/model.py; {validation()}) over the benchmark grid; "
@@ -342,5 +343,5 @@ def _rank_by_model(spec, a) -> None:
     for col in ("rank", "tiling", "modeled µs (geometric mean over the grid)"):
         t.add_column(col, justify="left" if col == "tiling" else "right")
     for i, (tiles, us) in enumerate(ranked, 1):
-        t.add_row(str(i), tiles_text(tiles), f"{us:.1f}")
+        t.add_row(str(i), designs.text(tiles), f"{us:.1f}")
     console.print(t)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import jinja2
 
-from . import __version__
-from .plan import Plan, Variant
+from .version import __version__
+from .plan import Plan
 from .signature import c_signature
+from .variant import Variant
 
 
 def templates_dir() -> Path:

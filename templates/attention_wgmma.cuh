@@ -23,7 +23,7 @@
 //   serializes the wgmmas. Q's smem part costs 2 KB of shared-memory reads per k-step and tile.
 #pragma once
 #include "kgen/rows.cuh"
-#include "kgen/wgmma.cuh"
+#include "kgen/wgmma_ptx.cuh"
 
 namespace kgen {
 

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .. import fp8
+from .. import env, fp8
 from ..errors import KgenError
 from ..mask import mask_from_parents, mask_from_sglang
 from . import sglang_compat as compat
+from . import sglang_defrag
 
 NAME = "kgen"
 VERIFY, DECODE = "verify", "decode"
@@ -55,8 +55,6 @@ def plugin() -> None:
 def register() -> None:
     """Check the installed SGLang (sglang_compat.check), then add the "kgen" backend to its
     registry and CLI choices (idempotent); with KGEN_DEFRAG=1 also install the defrag hook."""
-    from . import sglang_defrag
-
     compat.check()
     compat.register_backend(NAME, create_backend)
     if sglang_defrag.enabled():
@@ -226,7 +224,7 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     if len(kinds) != 1:
         return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
     (heads, scale), = kinds
-    path = os.environ.get("KGEN_SGLANG_SPEC")
+    path = env.path("KGEN_SGLANG_SPEC")
     if path:
         spec = kgen.load_spec(path)
         if spec.cache.kv_dtype != kv_dtype:
@@ -249,6 +247,8 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
 
 class _KgenMethods:
     """KgenAttnBackend's own methods; backend_class() puts them in front of TritonAttnBackend."""
+
+    is_kgen_backend = True  # how the defrag hook (sglang_defrag) knows kgen's backend without importing it
 
     def __init__(self, model_runner, *args, **kwargs):
         super().__init__(model_runner, *args, **kwargs)
