@@ -12,7 +12,7 @@ from .arch import nvrtc_arch
 from .errors import CompileError
 from .occupancy import Occupancy, occupancy
 from .plan import Plan
-from .render import headers, render
+from .render import included_headers, render
 from .variant import Variant
 
 
@@ -85,7 +85,7 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool
     """Compile (or load) one variant for `arch`; `inspect` also counts its SASS."""
     start = time.perf_counter()
     source = render(variant)
-    hdrs = headers()
+    hdrs = included_headers(source)
     target = nvrtc_arch(arch, variant.requires)
     key = cache_key(source=source, headers=hdrs, nvrtc_version=nvrtc.nvrtc_version(),
                     options=nvrtc.options(target), arch=target)

@@ -110,8 +110,9 @@ def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring(name, mma, tag):
     assert p8.tiles.stages == 2 * plan(bf16).tiles.stages == 4  # 592-byte rows instead of 1168
     v = p8.variant("verify_attn")
     src = render(v)
-    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, S row pad
-    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, 8>;" in src
+    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, and the layout: 592-byte KV rows + 16 of padding
+    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, Layout>;" in src
+    assert "static constexpr int KV_STRIDE = 592;" in src
     assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
     assert tag in v.variant_id
 
@@ -132,7 +133,7 @@ def test_rendered_source_injects_plan_values():
     v = p.variant("prefix_attn")
     src = render(v)
     assert f'extern "C" __global__ void __launch_bounds__({v.threads}, {v.min_blocks}) {v.variant_id}(' in src
-    assert "static_assert(Cfg::SMEM_BYTES == 98088" in src and "kgen::prefix_attention<Cfg, 1, false, MASK_WORDS>(" in src
+    assert "static constexpr int SMEM_BYTES = 98088;" in src and "kgen::prefix_attention<Cfg, 1, false, MASK_WORDS>(" in src
     assert v.variant_id.startswith("prefix_attn__h8_d576_ps1_bf16_t64_sm120__")
 
 
@@ -232,3 +233,15 @@ def test_the_models_schedule_is_the_rule(T, L, B):
         last[b, r] = max(e, last.get((b, r), e))
     expect = [max(1, e - s + (cdiv(T, p.tiles.bn) if T > 1 and e == last[b, r] else 0)) for b, r, s, e in items]
     assert [it.tiles for it in modeled] == expect and splits == meta[0][1]
+
+
+def test_a_kernel_compiles_with_and_is_keyed_by_only_the_headers_it_includes(monkeypatch):
+    from kgen import render as rendering
+
+    src = render(plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml")).variant("lse_merge_bf16"))
+    every = rendering.headers()
+    assert set(rendering.included_headers(src)) == {"kgen/common.cuh", "kgen/merge.cuh"}  # merge.cuh includes common
+    monkeypatch.setattr(rendering, "headers", lambda: {**every, "kgen/attention.cuh": "// edited"})
+    assert rendering.included_headers(src) == {k: every[k] for k in ("kgen/common.cuh", "kgen/merge.cuh")}
+    monkeypatch.setattr(rendering, "headers", lambda: {**every, "kgen/common.cuh": "// edited"})
+    assert rendering.included_headers(src)["kgen/common.cuh"] == "// edited"

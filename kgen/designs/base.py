@@ -79,6 +79,13 @@ class Design:
         return self.tiles(*values) if len(values) == len(fields(self.tiles)) else None
 
 
+def render_config(what: str, layout: dict[str, int], config: str) -> str:
+    """C++ for a kernel source: the design's shared-memory layout as a struct of constants (the
+    one source the planner's budget and the kernel both use) and `Cfg`, its config type."""
+    members = "".join(f"    static constexpr int {name} = {value};\n" for name, value in layout.items())
+    return f"// Shared memory of {what}: offsets and sizes in bytes.\nstruct Layout {{\n{members}}};\nusing Cfg = {config};"
+
+
 def check(condition: bool, message: str) -> None:
     """A tiling's shape rule: PlanError(message) where it does not hold."""
     if not condition:

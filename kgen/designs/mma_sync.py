@@ -14,7 +14,7 @@ from .. import kvrows
 from ..arch import Arch
 from ..errors import PlanError
 from ..spec import Spec
-from .base import Design, TileWork, check, tile_work_from_loop
+from .base import Design, TileWork, check, render_config, tile_work_from_loop
 
 DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
 ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix bank conflicts
@@ -57,20 +57,22 @@ class MmaSyncTiles:
         alpha_off = p_off + self.bm * p_stride
         inv_l_off = alpha_off + self.bm * 4
         bar_off = inv_l_off + self.bm * 4
-        return {"PAD": ROW_PAD, "KV_STRIDE": kv_stride, "Q_STRIDE": q_stride, "S_STRIDE": s_stride,
-                "P_STRIDE": p_stride, "RING_BYTES": ring, "S_OFF": s_off, "P_OFF": p_off, "ALPHA_OFF": alpha_off,
-                "INV_L_OFF": inv_l_off, "BAR_OFF": bar_off, "SMEM_BYTES": bar_off + (2 * self.stages + 1) * 8}
+        return {"KV_STRIDE": kv_stride, "Q_STRIDE": q_stride, "S_STRIDE": s_stride, "P_STRIDE": p_stride,
+                "RING_BYTES": ring, "S_OFF": s_off, "P_OFF": p_off, "ALPHA_OFF": alpha_off, "INV_L_OFF": inv_l_off,
+                "BAR_OFF": bar_off, "SMEM_BYTES": bar_off + (2 * self.stages + 1) * 8,
+                "SCRATCH_OFF": s_off}  # the schedule's scratch: the partial scores are free until the first tile
 
     def smem_bytes(self, spec: Spec) -> int:
         return self.layout(spec)["SMEM_BYTES"]
 
     def config(self, spec: Spec) -> str:
-        """The C++ Config type the kernel is instantiated with."""
+        """The C++ Config (`Cfg`) the kernel is instantiated with, and the layout it reads."""
         m = spec.model
         fp8 = "true" if spec.cache.kv_dtype == "float8_e4m3fn" else "false"
         e4m3 = "true" if spec.cache.mma_type == "e4m3" else "false"
-        return (f"kgen::AttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bm}, {self.bn}, "
-                f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, {S_ROW_PAD}>")
+        return render_config("the mma.sync loop (kgen/designs/mma_sync.py)", self.layout(spec),
+                             f"kgen::AttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bm}, {self.bn}, "
+                             f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, Layout>")
 
     def describe(self) -> str:
         return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "

@@ -9,7 +9,7 @@ from typing import ClassVar
 from ..arch import Arch
 from ..errors import PlanError
 from ..spec import Spec
-from .base import Design, check
+from .base import Design, check, render_config
 
 BM = 64  # packed rows per CTA: one m64 wgmma
 Q_REG_STEPS = 12  # k16 steps of Q·K per consumer with Q in registers (A operand); the rest read smem
@@ -45,14 +45,18 @@ class WgmmaTiles:
         bar_off = x_off + 4 * BM * self.bn * 4
         return {"Q_REG_STEPS": Q_REG_STEPS, "Q_SMEM_DIM0": q_smem_dim0, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                 "Q_SMEM_OFF": q_off, "Q_SLAB": q_slab, "X_OFF": x_off, "BAR_OFF": bar_off,
-                "ALIGN_SLACK": ALIGN_SLACK, "SMEM_BYTES": bar_off + 2 * self.stages * 8 + ALIGN_SLACK}
+                "SMEM_BYTES": bar_off + 2 * self.stages * 8 + ALIGN_SLACK,
+                "SCRATCH_OFF": x_off}  # the schedule's scratch: the exchange is free until the first tile
 
     def smem_bytes(self, spec: Spec) -> int:
         return self.layout(spec)["SMEM_BYTES"]
 
     def config(self, spec: Spec) -> str:
+        """The C++ Config (`Cfg`) the kernel is instantiated with, and the layout it reads."""
         m = spec.model
-        return f"kgen::WgmmaAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, {self.stages}>"
+        return render_config("the wgmma loop (kgen/designs/wgmma.py)", self.layout(spec),
+                             f"kgen::WgmmaAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, "
+                             f"{self.stages}, Layout>")
 
     def describe(self) -> str:
         return (f"wgmma loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, producer warpgroup "
