@@ -78,7 +78,7 @@ def module(variant: str):
 
 
 def inputs(mod, shape: tuple[int, int, int, int], sets: int, gen):
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     _, t, length, b = shape
     return [make_verify_inputs(mod.spec, [t] * b, [length] * b, generator=gen, device="cuda") for _ in range(sets)]
@@ -91,7 +91,8 @@ def one_call(mod, x, decode: bool):
 
 
 def check(mod, gen) -> None:
-    from kgen.testing import assert_close_attention, make_verify_inputs, tolerances
+    from kgen.inputs import make_verify_inputs
+    from kgen.accuracy import assert_close_attention, tolerances
 
     x = make_verify_inputs(mod.spec, [7, 16], [300, 77], generator=gen, device="cuda")
     assert_close_attention(*mod.verify_attention(*x.verify_args(), **x.kv_kwargs), *x.verify_ref(),

@@ -147,7 +147,8 @@ def lse_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def cross_check(mod, fwd, spec, page_size: int, device) -> dict:
     """kgen verify vs Triton (and both vs the float64 reference) on one small ragged shape."""
-    from kgen.testing import make_verify_inputs, tolerances
+    from kgen.inputs import make_verify_inputs
+    from kgen.accuracy import tolerances
 
     from .baseline import TritonVerify
 
@@ -179,7 +180,7 @@ def cross_check(mod, fwd, spec, page_size: int, device) -> dict:
 def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: int | None, device,
                   base_name: str) -> dict:
     """One row: kgen's three ops and Triton on K rotated input sets of `shape`."""
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     from .baseline import TritonVerify
     from kgen.timing import time_rotation

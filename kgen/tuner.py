@@ -16,7 +16,7 @@ from . import designs
 from .arch import arch_for_capability
 from .ops import Module
 from .spec import Spec
-from .testing import make_verify_inputs
+from .inputs import make_verify_inputs
 from .timing import time_rotation
 from .tuning import Bucket, Choice, Table, buckets, candidates, decide, find_table, shape_of, spec_digest
 from .version import __version__

@@ -7,7 +7,8 @@ import torch
 
 import kgen
 from kgen import library
-from kgen.testing import assert_close_attention, make_verify_inputs, tolerances
+from kgen.inputs import make_verify_inputs
+from kgen.accuracy import assert_close_attention, tolerances
 
 SPEC = kgen.load_spec(Path(__file__).resolve().parents[1] / "specs" / "glm5_sm120.yaml")
 

@@ -28,7 +28,7 @@ from kgen.runtime import Kernel
 from kgen.splitkv import MIN_SPLIT_TILES
 from kgen.signature import Param, ParamLayout
 from kgen.step import workspace_layout
-from kgen.testing import make_verify_inputs
+from kgen.inputs import make_verify_inputs
 
 from conftest import spec_named
 from test_attention_gpu import BAD_INPUTS, OP_ARGS

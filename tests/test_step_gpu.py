@@ -14,8 +14,8 @@ import torch
 
 from kgen.timing import capture
 from kgen import fp8
-from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs, poison_,
-                          tolerances)
+from kgen.inputs import TREE_KINDS, Dims, make_verify_inputs, poison_
+from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
 
 from test_attention_gpu import generator, load
 
