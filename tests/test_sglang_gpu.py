@@ -30,7 +30,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kgen.integrations.sglang import KgenMLA
+from kgen.integrations.sglang_mla import KgenMLA
 from kgen.reference import prefix_attention_ref
 from kgen.accuracy import FP8_O_TOL
 

@@ -18,7 +18,7 @@ import torch
 
 import kgen
 from kgen import fp8
-from kgen.integrations.sglang import KgenMLA
+from kgen.integrations.sglang_mla import KgenMLA
 from kgen.mask import mask_from_parents, unpack_bits
 from kgen.reference import verify_attention_ref
 from kgen.inputs import tree_parents
