@@ -271,3 +271,7 @@ def tune_cmd(
         _fail(e)
     console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
                   highlight=False, markup=False)
+
+
+if __name__ == "__main__":  # python -m kgen.cli works as python -m kgen does
+    app(prog_name="kgen")
