@@ -1,6 +1,6 @@
 """kgen's SGLang adapter (kgen/integrations/sglang_compat.py).
 
-- Against each supported release's own source: every name in sglang_compat.NAMES that release's
+- Against each supported release's own source: every name in sglang_names.NAMES that release's
   bridge uses exists there (a module attribute, a class attribute or method, a dataclass field,
   or an attribute a method sets on `self`) and takes the parameters kgen passes. The source is
   read with `ast` from the release's wheel, never imported, so CI needs no GPU stack: .ci/run
