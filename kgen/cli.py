@@ -1,40 +1,46 @@
-"""The kgen command line: build, show, inspect, cache, bench."""
+"""The kgen command line: build, show, inspect, tune, cache, bench.
+
+Every user error (a spec, a path, a flag, the environment) is one line on stderr and a non-zero
+exit, never a traceback: commands raise KgenError, and main() turns those and click's usage errors
+into that line. Tables come from kgen/cli_tables.py and fit 80 columns.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
-from . import __version__, sass
+from . import __version__, cli_tables, sass
 from .arch import get_arch
 from .build import build, build_variant
 from .cache import KernelCache
-from .errors import KgenError
-from .model import grid, predict, validation
+from .errors import CacheMissError, KgenError
+from .model import MODELED_DESIGNS, grid, predict, validation
 from .plan import plan
 from .tuning import buckets, find_table, tiles_text
 from .render import render, templates_dir, write_generated
 from .spec import load_spec
 
-app = typer.Typer(add_completion=False, no_args_is_help=True)
+DISTRIBUTION = "kgen-mla"  # pyproject.toml's [project] name: "kgen" on the package index is another project
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the cubin cache.")
 app.add_typer(cache_app, name="cache")
-console = Console(width=None if sys.stdout.isatty() else 200)  # wide tables keep whole rows in a pipe
-term_console = Console()  # the terminal's width (COLUMNS), 80 when output is not a terminal
+console = Console(highlight=False)  # the terminal's width (COLUMNS; 80 when not a terminal): tables fit 80
 err_console = Console(stderr=True, highlight=False)
-# bench results `kgen show` takes H200 efficiencies from: a wheel ships them inside the package,
-# a checkout has them in bench/results/
+UsageError = typer.BadParameter.__base__  # click's UsageError (typer >= 0.20 vendors click, older re-exports it)
 
 
 def _say(kind: str, style: str, message: str) -> None:
@@ -50,23 +56,64 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(1)
 
 
+def _warn(message, category, filename, lineno, file=None, line=None) -> None:
+    _say("warning", "yellow", str(message))
+
+
+def main() -> None:
+    """The `kgen` command: the typer app, with every user error as one line (exit 1; usage errors 2)."""
+    warnings.showwarning = _warn
+    try:
+        code = app(standalone_mode=False)
+    except UsageError as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # the help is printed already
+            code = 2
+        else:
+            cmd = e.ctx.command_path if e.ctx else "kgen"
+            _say("error", "red", f"{e.format_message()} ({cmd} --help lists what is allowed)")
+            code = e.exit_code
+    except typer.Abort:
+        code = 130
+    except KgenError as e:
+        try:
+            _fail(e)
+        except typer.Exit as done:
+            code = done.exit_code
+    sys.exit(code or 0)
+
+
 def _print_version(value: bool) -> None:
     if value:
-        print(f"kgen {__version__}")
+        print(f"kgen {__version__} (distribution {DISTRIBUTION})")
         raise typer.Exit()
 
 
 @app.callback()
-def main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
-                                      help="Print kgen's version and exit.")) -> None:
+def app_main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print kgen's version and distribution name, and exit.")) -> None:
     """Generate, compile and cache kgen kernels."""
+
+
+def _writable_dir(path: Path, option: str = "--out") -> Path:
+    """`path` as a directory kgen may write (created if missing), or a one-line error naming `option`."""
+    if path.exists() and not path.is_dir():
+        raise KgenError(f"{option} {path} is a file; give a directory (it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".kgen-write-test.{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise KgenError(f"{option} {path}: cannot write there ({e.strerror}); give a directory kgen may create "
+                        f"and write") from None
+    return path
 
 
 @app.command("build")
 def build_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
     arch: Optional[List[str]] = typer.Option(None, "--arch", help="plan and compile for this arch (repeatable); default: the spec's target"),
-    out: Path = typer.Option(Path("generated"), "--out", help="where generated/<name>/ is written"),
+    out: Path = typer.Option(Path("generated"), "--out", help="where generated/<name>/ (the target plan's sources) is written"),
     as_json: bool = typer.Option(False, "--json", help="print the rows as JSON instead of a table"),
     wide: bool = typer.Option(False, "--wide", help="also the variant id, occupancy limit, SASS counts and seconds"),
 ) -> None:
@@ -75,8 +122,14 @@ def build_cmd(
     start = time.perf_counter()
     try:
         spec = load_spec(spec_path)
-        plans = [plan(spec, a) for a in (arch or [spec.target.arch])]
-        write_generated(plan(spec), out)
+        archs = list(dict.fromkeys(arch or [spec.target.arch]))  # an arch given twice is built once
+        plans = [plan(spec, a) for a in archs]
+        target = plan(spec)
+        try:
+            written = write_generated(target, _writable_dir(out))
+        except OSError as e:
+            raise KgenError(f"--out {out}: cannot write {e.filename} ({e.strerror}); give a directory kgen may "
+                            f"create and write") from None
         cache = KernelCache()
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err_console, transient=True, disable=as_json or not sys.stderr.isatty()) as bar:
@@ -90,104 +143,68 @@ def build_cmd(
         print(json.dumps(rows, indent=2))
         return
     designs = ", ".join(f"{p.arch.name} ({p.tiles.design})" for p in plans)
-    title = (f"{spec.name}: {len(rows)} kernels for {designs} in {time.perf_counter() - start:.2f} s, "
-             f"sources in {out / spec.name}")
-    (console if wide else term_console).print(_build_table(rows, title, wide))
+    console.print(f"{spec.name}: {len(rows)} kernels for {designs} in {time.perf_counter() - start:.2f} s; "
+                  f"the sources of the {target.arch.name} plan (the spec's target) are in {written}",
+                  markup=False, soft_wrap=True)
+    cli_tables.print_build(console, err_console, rows, wide)
     for b in built:
         for msg in b.problems():
             _say("warning", "yellow", f"{b.variant.name} ({b.arch}): {msg}")
-
-
-def _build_table(rows: list[dict], title: str, wide: bool) -> Table:
-    """The build report: at 80 columns every kernel's name, arch, registers, spills, shared memory,
-    CTAs/SM, cubin size and status; --wide adds the rest of the row."""
-    cols = ["kernel", "arch", *(["variant id"] if wide else []), "regs", "spill", "smem", "CTA/SM",
-            *(["limit", "SASS"] if wide else []), "cubin", "status", *(["s"] if wide else [])]
-    table = Table(title=title, caption="spill, smem, cubin: bytes" + ("" if wide else "; --wide for more"),
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("kernel", "arch", "variant id", "limit", "SASS", "status")
-                         else "right", no_wrap=col not in ("variant id", "SASS"))
-    for r in rows:
-        cells = {"kernel": r["kernel"], "arch": r["arch"], "variant id": r["variant_id"], "regs": r["registers"],
-                 "spill": r["spill_bytes"], "smem": r["smem_bytes"], "CTA/SM": r["occupancy"]["ctas_per_sm"],
-                 "limit": r["limit"], "SASS": sass.summary(r["sass"]), "cubin": r["cubin_bytes"],
-                 "status": r["status"], "s": f"{r['seconds']:.2f}"}
-        table.add_row(*(str(cells[c]) for c in cols))
-    return table
 
 
 @app.command("show")
 def show_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
     arch: Optional[str] = typer.Option(None, "--arch", help="whose plan to show (default: the spec's target)"),
+    as_json: bool = typer.Option(False, "--json", help="print what the tables show as JSON"),
 ) -> None:
     """Print ARCH's plan (loop design, tiles, threads, stages, shared memory against the arch limit),
     which tiling each shape bucket runs (a tuned table's choice, or the heuristic plan), each kernel's
-    ptxas report, occupancy and SASS counts (built or cached), and the modeled sm_120 time of the
-    benchmark grid (docs/design.md)."""
+    ptxas report, occupancy and SASS counts (built or cached), and the modeled time of ARCH's plan
+    over the benchmark grid where the model covers its loop (docs/performance_model.md)."""
     try:
         spec = load_spec(spec_path)
         p = plan(spec, arch)
-        built = build(p, [p.arch.name], KernelCache(), inspect=True)
-        table = find_table(spec, p.arch.name)
-        modeled = [predict(spec, shape, "sm_120") for shape in grid(spec)]
+        a = p.arch
+        built = build(p, [a.name], KernelCache(), inspect=True)
+        tuned = find_table(spec, a.name)
+        modeled = ([predict(spec, shape, a, plan_for=a.name) for shape in grid(spec)]
+                   if p.tiles.design in MODELED_DESIGNS else None)
     except KgenError as e:
         _fail(e)
-    a = p.arch
-    console.print(f"[bold]{spec.name}[/bold]: plan for {a.name} ({a.description}); "
-                  f"H={spec.model.num_q_heads} D={spec.model.head_dim} Dv={spec.model.value_dim} "
-                  f"page={spec.cache.page_size} kv={spec.cache.kv_dtype} tree={'static ' if spec.tree.is_static else ''}"
-                  f"{spec.tree.nodes} nodes", highlight=False)
-    console.print(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads)", highlight=False, markup=False)
-    console.print(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
-                  f"({p.budget['attention_smem_headroom']} B headroom)")
-    _print_buckets(table, p)
-    table = Table()
-    for col in ("kernel", "variant id", "threads", "dyn smem B", "min blocks/SM", "regs", "spill B",
-                "CTAs/SM", "limit", "SASS"):
-        table.add_column(col)
-    for b in built:
-        v, occ = b.variant, b.occupancy
-        table.add_row(v.name, v.variant_id, str(v.threads), str(v.smem_bytes), str(v.min_blocks),
-                      str(b.report.registers), str(b.report.spill_bytes), str(occ.ctas_per_sm), occ.limit,
-                      sass.summary(b.sass))
-    console.print(table)
-    _print_model(modeled)
-
-
-def _print_buckets(table, p) -> None:
-    """Which tiling each shape bucket runs, and why."""
-    if table is None:
-        console.print(f"shape buckets: no tuned table for this spec, {p.arch.name} and kgen {__version__}: every bucket "
-                      f"runs the heuristic plan above (kgen tune writes one)", highlight=False, markup=False)
+    out = {"spec": spec.name, "arch": a.name, "design": p.tiles.design, "tiles": tiles_text(p.tiles),
+           "threads": p.tiles.threads, **p.budget,
+           "kernels": cli_tables.show_kernel_rows(built),
+           "buckets": cli_tables.bucket_rows(tuned, p, buckets(), tiles_text),
+           "model": cli_tables.model_rows(modeled) if modeled is not None else None}
+    if as_json:
+        print(json.dumps(out, indent=2))
         return
-    t = Table(title=f"tiling per shape bucket (tuned table {table.path}, {table.device})")
-    for col in ("bucket (tree/batch/context)", "runs", "µs", "heuristic µs", "noise"):
-        t.add_column(col, justify="left" if col in ("bucket (tree/batch/context)", "runs") else "right")
-    for b in buckets():
-        c = table.choices.get(b.key)
-        if c is None:
-            t.add_row(b.key, f"heuristic ({tiles_text(p.tiles)}): not tuned", "", "", "")
-        else:
-            t.add_row(b.key, tiles_text(c.tiles), f"{c.us:.1f}", f"{c.default_us:.1f}", f"{100 * c.noise:.1f}%")
-    console.print(t)
-
-
-def _print_model(modeled: list) -> None:
-    a = get_arch("sm_120")
-    console.print(f"[bold]MODEL, not a measurement[/bold]: {a.name} time from the SASS of the tile loop and the "
-                  f"arch's rates ({a.sm_count} SMs at {a.clock_ghz} GHz, {a.dram_gbps:.0f} GB/s), per-call terms "
-                  f"fitted on the H200 (kgen/model.py); {validation()}. Floor = max(bytes / {a.dram_gbps:.0f} GB/s, "
-                  f"FLOPs / the MMA rate), FLOPs = 2·ΣT·H·(L+T)·(D+Dv).", highlight=False)
-    table = Table(title=f"modeled {a.name} time (model)")
-    for col in ("H", "T", "L", "B", "page", "MB read", "GFLOP", "floor us", "model us", "% of floor", "binding"):
-        table.add_column(col, justify="left" if col == "binding" else "right")
-    for m in modeled:
-        s, f = m.shape, m.floor
-        table.add_row(str(s.H), str(s.T), str(s.L), str(s.B), str(s.page_size), f"{f.bytes / 1e6:.1f}",
-                      f"{f.flops / 1e9:.1f}", f"{f.us:.1f}", f"{m.us:.1f}", f"{m.pct_floor:.1f}", m.binding)
-    console.print(table)
+    say = lambda text: console.print(text, markup=False, soft_wrap=True)  # noqa: E731
+    say(f"{spec.name}: plan for {a.name} ({a.description}); H={spec.model.num_q_heads} D={spec.model.head_dim} "
+        f"Dv={spec.model.value_dim} page={spec.cache.page_size} kv={spec.cache.kv_dtype} "
+        f"tree={'static ' if spec.tree.is_static else ''}{spec.tree.nodes} nodes")
+    say(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads)")
+    say(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
+        f"({p.budget['attention_smem_headroom']} B headroom)")
+    console.print()
+    cli_tables.print_show_kernels(console, out["kernels"])
+    console.print()
+    source = (f"tuned table {tuned.path} ({tuned.device})" if tuned else
+              f"no tuned table for this spec, {a.name} and kgen {__version__}: every bucket runs the heuristic "
+              f"plan (kgen tune writes one)")
+    cli_tables.print_buckets(console, out["buckets"], source)
+    console.print()
+    if modeled is None:
+        say(f"modeled time: none for this plan. The performance model (kgen/model.py) covers the "
+            f"{', '.join(MODELED_DESIGNS)} loop and {a.name}'s plan runs the {p.tiles.design} loop: kgen bench "
+            f"measures it on the GPU (kgen show SPEC --arch sm_120 models the sm_120 plan)")
+        return
+    say(f"MODEL, not a measurement: {a.name} time of the {a.name} plan from the SASS of the tile loop and the "
+        f"arch's rates ({a.sm_count} SMs at {a.clock_ghz} GHz, {a.dram_gbps:.0f} GB/s), per-call terms fitted on "
+        f"the H200 (kgen/model.py); {validation()}. Floor = max(bytes / {a.dram_gbps:.0f} GB/s, FLOPs / the MMA "
+        f"rate), FLOPs = 2·ΣT·H·(L+T)·(D+Dv); page size {spec.cache.page_size}.")
+    cli_tables.print_model(console, out["model"])
 
 
 @app.command("inspect")
@@ -207,7 +224,10 @@ def inspect_cmd(
             raise KgenError(f"{spec.name} has no kernel {kernel!r}; kernels: {', '.join(v.name for v in p.variants)}")
         cache = KernelCache()
         for v in variants:
-            b = build_variant(v, a.name, cache, inspect=True)
+            try:
+                b = build_variant(v, a.name, cache, inspect=True)
+            except CacheMissError as e:
+                raise CacheMissError(f"spec {spec.name}: {e}") from None
             print(f"// {v.variant_id} for {a.name}: {b.report.registers} registers, {b.report.spill_bytes} B spills, "
                   f"{b.occupancy.ctas_per_sm} CTAs/SM (limit: {b.occupancy.limit})\n// {sass.summary(b.sass)}")
             text = sass.dump(b.cubin, a.name, line_info=line_info)
@@ -241,15 +261,21 @@ def _existing_line_paths(text: str, variant, cache: KernelCache) -> str:
 @cache_app.command("info")
 def cache_info() -> None:
     """Where the cache is and what it holds."""
-    info = KernelCache().info()
-    console.print(f"{info['root']}: {info['entries']} entries, {info['bytes']} bytes (schema v{info['schema']})",
-                  markup=False)
+    try:
+        info = KernelCache().info()
+    except KgenError as e:
+        _fail(e)
+    console.print(f"{info['root']}: {info['entries']} entries, {cli_tables.human_bytes(info['bytes'])} "
+                  f"({info['bytes']} bytes; schema v{info['schema']})", markup=False, soft_wrap=True)
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
-    """Remove every cached kernel."""
-    n = KernelCache().clear()
+    """Remove every cached kernel (safe while builds run: it waits for their writes)."""
+    try:
+        n = KernelCache().clear()
+    except KgenError as e:
+        _fail(e)
     console.print(f"removed {n} entries")
 
 
@@ -257,11 +283,11 @@ def cache_clear() -> None:
 def bench_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="base spec YAML (heads, tree and page size vary over the grid)"),
     quick: bool = typer.Option(False, "--quick", help="a handful of shapes at the spec's head count (under a minute)"),
-    page_size: Optional[int] = typer.Option(None, "--page-size", help="KV page size (default: the spec's)"),
+    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="KV page size (default: the spec's)"),
     heads: str = typer.Option("8,16", "--heads", help="comma-separated head counts of the grid"),
     triton: bool = typer.Option(True, "--triton/--no-triton", help="time SGLang's Triton extend_attention_fwd too"),
     graph: bool = typer.Option(True, "--graph/--no-graph", help="time by CUDA-graph replay (default) or eagerly"),
-    time_limit: Optional[float] = typer.Option(None, "--time-limit", help="start no new shape after this many seconds"),
+    time_limit: Optional[float] = typer.Option(None, "--time-limit", min=0.0, help="start no new shape after this many seconds"),
     out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
 ) -> None:
     """(GPU) Benchmark SPEC: the two ceilings, the benchmark grid (docs/design.md) and SGLang's Triton baseline;
@@ -271,13 +297,22 @@ def bench_cmd(
         if (root / "bench" / "run.py").is_file() and str(root) not in sys.path:
             sys.path.insert(0, str(root))
     try:
-        from bench.run import BenchError, run
-    except ImportError as e:
-        _fail(KgenError(f"kgen bench needs the bench/ folder of a kgen checkout (run it from the repository root): {e}"))
-    try:
-        code = run(spec_path, quick=quick, page_size=page_size, heads=tuple(int(h) for h in heads.split(",")),
-                   triton=triton, graph=graph, time_limit=time_limit, out_dir=out)
-    except (BenchError, KgenError, ValueError) as e:
+        load_spec(spec_path)
+        head_counts = tuple(int(h) for h in heads.split(",")) if re.fullmatch(r"\d+(,\d+)*", heads) else None
+        if not head_counts or not all(head_counts):
+            raise KgenError(f"--heads {heads!r}: give comma-separated head counts >= 1, e.g. 8,16")
+        _writable_dir(out)
+        try:
+            from bench.run import BenchError, run
+        except ImportError as e:
+            raise KgenError(f"kgen bench needs the bench/ folder of a kgen checkout (run it from the repository "
+                            f"root): {e}") from None
+        try:
+            code = run(spec_path, quick=quick, page_size=page_size, heads=head_counts, triton=triton, graph=graph,
+                       time_limit=time_limit, out_dir=out)
+        except (BenchError, ValueError) as e:
+            raise KgenError(str(e)) from None
+    except KgenError as e:
         _fail(e)
     raise typer.Exit(code)
 
@@ -285,18 +320,21 @@ def bench_cmd(
 @app.command("tune")
 def tune_cmd(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
-    budget_s: float = typer.Option(300.0, "--budget-s", help="start no new shape bucket after this many seconds"),
+    budget_s: float = typer.Option(300.0, "--budget-s", min=0.0, help="start no new shape bucket after this many seconds (>= 0)"),
     arch: Optional[str] = typer.Option(None, "--arch", help="an arch other than the GPU present: rank its candidate "
                                                            "tilings by the performance model (no GPU needed)"),
     out: Optional[Path] = typer.Option(None, "--out", help="table file (default: the user table under KGEN_CACHE_DIR/tuned)"),
+    as_json: bool = typer.Option(False, "--json", help="with --arch: print the ranking as JSON"),
 ) -> None:
     """(GPU) Time the candidate attention tilings of SPEC per shape bucket on the GPU present and write
     the winners to a tuned table, which kgen.jit then uses for that spec, arch and kgen version.
     With --arch for an arch that is not present, rank the candidates by the model instead."""
-    from .tuning import buckets, table_name, user_dir
+    from .tuning import table_name, user_dir
 
     try:
         spec = load_spec(spec_path)
+        if out is not None and out.is_dir():
+            raise KgenError(f"--out {out} is a directory; give the table's file name (e.g. {out / 'table.json'})")
         import torch
 
         here = None
@@ -305,11 +343,13 @@ def tune_cmd(
 
             here = arch_for_capability(*torch.cuda.get_device_capability()).name
         if arch and arch != here:
-            _rank_by_model(spec, get_arch(arch))
+            _rank_by_model(spec, get_arch(arch), as_json)
             return
         if here is None:
             raise KgenError("kgen tune times on the GPU present, and torch sees none here "
                             "(--arch ARCH ranks an arch's tilings by the performance model instead)")
+        if out is not None:
+            _writable_dir(out.parent, "--out's folder")
         from .tuner import tune
 
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console) as bar:
@@ -325,22 +365,40 @@ def tune_cmd(
     except KgenError as e:
         _fail(e)
     console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
-                  highlight=False, markup=False)
+                  markup=False, soft_wrap=True)
 
 
-def _rank_by_model(spec, a) -> None:
-    """kgen tune --arch for an arch that is not here: the candidates ranked by the model."""
-    from .model import MODELED_DESIGNS, rank_by_model
-    from .tuning import candidates, tiles_text
+def _rank_by_model(spec, a, as_json: bool) -> None:
+    """kgen tune --arch for an arch that is not here: every candidate tiling (and the current plan's),
+    ranked by a tuned table's GPU measurements where one exists for the arch (buckets won), then by
+    the model; designs the model lacks say so."""
+    from .model import rank_by_model
+    from .tuning import candidates
 
-    tried = [t for t in candidates(spec, a) if t.design in MODELED_DESIGNS]
-    ranked = rank_by_model(spec, a, tried)
-    console.print(f"[bold]MODEL, not a measurement[/bold]: no {a.name} GPU here, so the candidate tilings are "
-                  f"ranked by the performance model (kgen/model.py; {validation()}) over the benchmark grid; "
-                  f"no table is written.", highlight=False)
-    t = Table(title=f"{spec.name} on {a.name} (model)")
-    for col in ("rank", "tiling", "modeled µs (geometric mean over the grid)"):
-        t.add_column(col, justify="left" if col == "tiling" else "right")
-    for i, (tiles, us) in enumerate(ranked, 1):
-        t.add_row(str(i), tiles_text(tiles), f"{us:.1f}")
-    console.print(t)
+    current = plan(spec, a).tiles
+    tried = list({tiles_text(t): t for t in [current, *candidates(spec, a)]}.values())
+    modeled = {tiles_text(t): round(us, 1)
+               for t, us in rank_by_model(spec, a, [t for t in tried if t.design in MODELED_DESIGNS])}
+    tuned = find_table(spec, a.name)
+    won = Counter(tiles_text(c.tiles) for c in tuned.choices.values()) if tuned else None
+    rows = [{"tiling": tiles_text(t), "modeled_us": modeled.get(tiles_text(t)),
+             "buckets_won": won[tiles_text(t)] if won is not None else None, "current": t == current}
+            for t in tried]
+    key = lambda r: (-(r["buckets_won"] or 0), r["modeled_us"] if r["modeled_us"] is not None else float("inf"))  # noqa: E731
+    rows.sort(key=key)
+    for r in rows:
+        same = [i for i, o in enumerate(rows) if key(o) == key(r)]
+        r["rank"], r["tied"] = same[0] + 1, len(same) > 1
+    ranked_by = (f"buckets won in the tuned table {tuned.path} (measured on {tuned.device}), then the model"
+                 if tuned else "the model")
+    if as_json:
+        print(json.dumps({"spec": spec.name, "arch": a.name, "ranked_by": ranked_by, "rows": rows}, indent=2))
+        return
+    unmodeled = sorted({t.design for t in tried} - set(MODELED_DESIGNS))
+    model = f"the MODEL, not a measurement (kgen/model.py: {validation()}; over the benchmark grid)"
+    how = (f"by the shape buckets each won when timed on {tuned.device} (tuned table {tuned.path}), then by {model}"
+           if tuned else f"by {model}")
+    console.print(f"No {a.name} GPU here: {spec.name}'s candidate tilings on {a.name} ranked {how}; no table is "
+                  f"written." + (f" The model has no entry for the {', '.join(unmodeled)} loop ('not modeled')."
+                                 if unmodeled else ""), markup=False, soft_wrap=True)
+    cli_tables.print_ranking(console, rows, str(tuned.path) if tuned else None)

@@ -193,11 +193,23 @@ def choose_attention_tiles(spec: Spec, arch: Arch) -> Tiles:
             return t
     t = AttentionTiles(stages=2, **base)
     need = attention_smem_bytes(spec, t)
+    m = spec.model
     raise PlanError(
-        f"{spec.name}: attention needs {need} B of shared memory per block with the smallest "
-        f"tiles (BM={t.bm}, BN={t.bn}, 2 stages) but {arch.name} allows {arch.smem_per_block} B "
-        f"(over by {need - arch.smem_per_block} B)"
+        f"{spec.name}: model.kv_lora_rank + model.qk_rope_head_dim = {m.head_dim} query dims need {need} B of "
+        f"shared memory per attention block with the smallest tiles (BM={t.bm}, BN={t.bn}, 2 stages), but "
+        f"{arch.name} allows {arch.smem_per_block} B; {_widest_fit(spec, arch, t)}"
     )
+
+
+def _widest_fit(spec: Spec, arch: Arch, t: Tiles) -> str:
+    """What to change when a spec's dims do not fit: the widest kv_lora_rank that does at its rope width."""
+    m = spec.model
+    fits = [r for r in range(64, m.kv_lora_rank, 64)
+            if _fits(arch, attention_smem_bytes(spec.model_copy(update={"model": m.model_copy(
+                update={"kv_lora_rank": r})}), t))]
+    if not fits:
+        return f"no kv_lora_rank fits with qk_rope_head_dim {m.qk_rope_head_dim}: lower model.qk_rope_head_dim"
+    return f"at qk_rope_head_dim {m.qk_rope_head_dim}, model.kv_lora_rank may be at most {fits[-1]} on {arch.name}"
 
 
 def _tag(spec: Spec, arch: Arch) -> str:
