@@ -145,7 +145,7 @@ def build_cmd(
     designs = ", ".join(f"{p.arch.name} ({p.tiles.design})" for p in plans)
     console.print(f"{spec.name}: {len(rows)} kernels for {designs} in {time.perf_counter() - start:.2f} s; "
                   f"the sources of the {target.arch.name} plan (the spec's target) are in {written}",
-                  markup=False, soft_wrap=True)
+                  markup=False)
     cli_tables.print_build(console, err_console, rows, wide)
     for b in built:
         for msg in b.problems():
@@ -175,16 +175,16 @@ def show_cmd(
     out = {"spec": spec.name, "arch": a.name, "design": p.tiles.design, "tiles": tiles_text(p.tiles),
            "threads": p.tiles.threads, **p.budget,
            "kernels": cli_tables.show_kernel_rows(built),
-           "buckets": cli_tables.bucket_rows(tuned, p, buckets(), tiles_text),
+           "buckets": cli_tables.bucket_rows(tuned, p, buckets(), tiles_text) if tuned else [],
            "model": cli_tables.model_rows(modeled) if modeled is not None else None}
     if as_json:
         print(json.dumps(out, indent=2))
         return
-    say = lambda text: console.print(text, markup=False, soft_wrap=True)  # noqa: E731
+    say = lambda text: console.print(text, markup=False)  # noqa: E731
     say(f"{spec.name}: plan for {a.name} ({a.description}); H={spec.model.num_q_heads} D={spec.model.head_dim} "
         f"Dv={spec.model.value_dim} page={spec.cache.page_size} kv={spec.cache.kv_dtype} "
         f"tree={'static ' if spec.tree.is_static else ''}{spec.tree.nodes} nodes")
-    say(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads)")
+    say(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads; tiling {tiles_text(p.tiles)})")
     say(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
         f"({p.budget['attention_smem_headroom']} B headroom)")
     console.print()
@@ -266,7 +266,7 @@ def cache_info() -> None:
     except KgenError as e:
         _fail(e)
     console.print(f"{info['root']}: {info['entries']} entries, {cli_tables.human_bytes(info['bytes'])} "
-                  f"({info['bytes']} bytes; schema v{info['schema']})", markup=False, soft_wrap=True)
+                  f"({info['bytes']} bytes; schema v{info['schema']})", markup=False)
 
 
 @cache_app.command("clear")
@@ -365,7 +365,7 @@ def tune_cmd(
     except KgenError as e:
         _fail(e)
     console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
-                  markup=False, soft_wrap=True)
+                  markup=False)
 
 
 def _rank_by_model(spec, a, as_json: bool) -> None:
@@ -400,5 +400,5 @@ def _rank_by_model(spec, a, as_json: bool) -> None:
            if tuned else f"by {model}")
     console.print(f"No {a.name} GPU here: {spec.name}'s candidate tilings on {a.name} ranked {how}; no table is "
                   f"written." + (f" The model has no entry for the {', '.join(unmodeled)} loop ('not modeled')."
-                                 if unmodeled else ""), markup=False, soft_wrap=True)
+                                 if unmodeled else ""), markup=False)
     cli_tables.print_ranking(console, rows, str(tuned.path) if tuned else None)

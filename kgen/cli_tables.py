@@ -92,7 +92,8 @@ def print_build(console: Console, err: Console, rows: list[dict], wide: bool) ->
         console.print(f"  variant id {c['variant id']}", highlight=False, markup=False)
         console.print(f"  regs {c['regs']}  spill {c['spill']} B  smem {c['smem']} B  CTA/SM {c['CTA/SM']} "
                       f"(limit: {c['limit']})  cubin {c['cubin']} B", highlight=False)
-        console.print(f"  SASS {c['SASS']}", highlight=False)
+        for i, line in enumerate(wrap_pairs(c["SASS"], console.width - 7)):
+            console.print(("  SASS " if i == 0 else " " * 7) + line, highlight=False)
 
 
 # ---- kgen show ----
@@ -123,7 +124,7 @@ def print_show_kernels(console: Console, rows: list[dict]) -> None:
 def bucket_rows(table_, p, buckets, tiles_text) -> list[dict]:
     rows = []
     for b in buckets:
-        c = table_.choices.get(b.key) if table_ else None
+        c = table_.choices.get(b.key)
         rows.append({"bucket": b.key, "runs": tiles_text(c.tiles) if c else tiles_text(p.tiles),
                      "tuned": c is not None, "us": round(c.us, 1) if c else None,
                      "heuristic_us": round(c.default_us, 1) if c else None,
@@ -132,9 +133,8 @@ def bucket_rows(table_, p, buckets, tiles_text) -> list[dict]:
 
 
 def print_buckets(console: Console, rows: list[dict], source: str) -> None:
-    console.print(f"tiling per shape bucket (tree/batch/context): {source}", highlight=False, markup=False,
-                  soft_wrap=True)
-    if not any(r["tuned"] for r in rows):
+    console.print(f"tiling per shape bucket (tree/batch/context): {source}", highlight=False, markup=False)
+    if not rows:
         return
     console.print(table(["bucket", "runs", "µs", "heuristic µs", "noise %"],
                         [[r["bucket"], r["runs"] + ("" if r["tuned"] else " (heuristic)"), r["us"],
