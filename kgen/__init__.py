@@ -2,7 +2,12 @@
 
 __version__ = "0.1.0"
 
+import sys  # noqa: E402
+
 from .spec import Spec, load_spec  # noqa: E402
+
+if "torch" in sys.modules:  # a torch user: define torch.ops.kgen.* now (the CLI, which needs no torch, stays fast)
+    from . import library  # noqa: E402, F401
 
 
 def jit(spec, *, device=None, tiles=None, arch=None):

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from . import __version__, cli_tables, sass
-from .arch import get_arch
+from .arch import get_arch, nvrtc_arch
 from .build import build, build_variant
 from .cache import KernelCache
 from .errors import CacheMissError, KgenError
@@ -230,7 +230,7 @@ def inspect_cmd(
                 raise CacheMissError(f"spec {spec.name}: {e}") from None
             print(f"// {v.variant_id} for {a.name}: {b.report.registers} registers, {b.report.spill_bytes} B spills, "
                   f"{b.occupancy.ctas_per_sm} CTAs/SM (limit: {b.occupancy.limit})\n// {sass.summary(b.sass)}")
-            text = sass.dump(b.cubin, a.name, line_info=line_info)
+            text = sass.dump(b.cubin, nvrtc_arch(a.name, v.requires), line_info=line_info)  # sm_90a for wgmma
             print(_existing_line_paths(text, v, cache) if line_info else text)
     except KgenError as e:
         _fail(e)
