@@ -69,8 +69,10 @@ class KernelCache:
         self.entries = self.root / f"v{SCHEMA_VERSION}"
         self.described = (f"the kernel cache {self.root}" if root is not None or not os.environ.get("KGEN_CACHE_DIR")
                           else f"KGEN_CACHE_DIR={self.root}")
-        if self.root.exists() and not self.root.is_dir():
-            raise CacheError(f"{self.described} is not a directory; set KGEN_CACHE_DIR to a directory kgen may "
+        existing = next(d for d in (self.root, *self.root.parents) if d.exists())  # the root, or where it would go
+        if not existing.is_dir():
+            what = "is not a directory" if existing == self.root else f"is inside {existing}, a file"
+            raise CacheError(f"{self.described} {what}; set KGEN_CACHE_DIR to a directory kgen may "
                              f"create and write (default ~/.cache/kgen)")
 
     @contextmanager
@@ -99,8 +101,8 @@ class KernelCache:
         try:
             meta = json.loads((path / "meta.json").read_text())
             cubin = (path / "kernel.cubin").read_bytes()
-        except FileNotFoundError as e:
-            if path.exists():
+        except (FileNotFoundError, NotADirectoryError) as e:
+            if path.is_dir():
                 self._repair(path, f"{Path(e.filename).name} is missing")
             return None
         except (OSError, ValueError) as e:

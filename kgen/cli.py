@@ -13,7 +13,6 @@ import re
 import sys
 import time
 import warnings
-from collections import Counter
 from pathlib import Path
 from typing import List, Optional
 
@@ -175,7 +174,7 @@ def show_cmd(
     out = {"spec": spec.name, "arch": a.name, "design": p.tiles.design, "tiles": tiles_text(p.tiles),
            "threads": p.tiles.threads, **p.budget,
            "kernels": cli_tables.show_kernel_rows(built),
-           "buckets": cli_tables.bucket_rows(tuned, p, buckets(), tiles_text) if tuned else [],
+           "buckets": cli_tables.bucket_rows(tuned, buckets()) if tuned else [],
            "model": cli_tables.model_rows(modeled) if modeled is not None else None}
     if as_json:
         print(json.dumps(out, indent=2))
@@ -244,8 +243,11 @@ def _existing_line_paths(text: str, variant, cache: KernelCache) -> str:
     under the directory the kernel was first compiled in): point them at files that exist — the
     rendered source, written next to the cache, and the headers in kgen's templates."""
     source = cache.root / "sources" / f"{variant.variant_id}.cu"
-    source.parent.mkdir(parents=True, exist_ok=True)
-    source.write_text(render(variant))
+    try:
+        source.parent.mkdir(parents=True, exist_ok=True)
+        source.write_text(render(variant))
+    except OSError as e:
+        raise KgenError(f"{cache.described}: cannot write {source} for --line-info ({e.strerror})") from None
 
     def fix(m: re.Match) -> str:
         name = Path(m.group(2)).name
@@ -361,7 +363,12 @@ def tune_cmd(
                                   + f"  noise {100 * r['noise']:.1f}% -> {r['chosen']}", highlight=False, markup=False)
 
             table = tune(spec, budget_s, on_bucket=done)
-        path = table.save(out or user_dir() / table_name(spec, table.arch))
+        path = out or user_dir() / table_name(spec, table.arch)
+        try:
+            table.save(path)
+        except OSError as e:
+            raise KgenError(f"cannot write the tuned table {path} ({e.strerror}); give --out a file kgen may "
+                            f"write") from None
     except KgenError as e:
         _fail(e)
     console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
@@ -369,36 +376,16 @@ def tune_cmd(
 
 
 def _rank_by_model(spec, a, as_json: bool) -> None:
-    """kgen tune --arch for an arch that is not here: every candidate tiling (and the current plan's),
-    ranked by a tuned table's GPU measurements where one exists for the arch (buckets won), then by
-    the model; designs the model lacks say so."""
-    from .model import rank_by_model
-    from .tuning import candidates
-
-    current = plan(spec, a).tiles
-    tried = list({tiles_text(t): t for t in [current, *candidates(spec, a)]}.values())
-    modeled = {tiles_text(t): round(us, 1)
-               for t, us in rank_by_model(spec, a, [t for t in tried if t.design in MODELED_DESIGNS])}
-    tuned = find_table(spec, a.name)
-    won = Counter(tiles_text(c.tiles) for c in tuned.choices.values()) if tuned else None
-    rows = [{"tiling": tiles_text(t), "modeled_us": modeled.get(tiles_text(t)),
-             "buckets_won": won[tiles_text(t)] if won is not None else None, "current": t == current}
-            for t in tried]
-    key = lambda r: (-(r["buckets_won"] or 0), r["modeled_us"] if r["modeled_us"] is not None else float("inf"))  # noqa: E731
-    rows.sort(key=key)
-    for r in rows:
-        same = [i for i, o in enumerate(rows) if key(o) == key(r)]
-        r["rank"], r["tied"] = same[0] + 1, len(same) > 1
-    ranked_by = (f"buckets won in the tuned table {tuned.path} (measured on {tuned.device}), then the model"
-                 if tuned else "the model")
+    """kgen tune --arch for an arch that is not here: the candidates ranked (cli_tables.ranking)."""
+    r = cli_tables.ranking(spec, a)
+    tuned = r.pop("table")
     if as_json:
-        print(json.dumps({"spec": spec.name, "arch": a.name, "ranked_by": ranked_by, "rows": rows}, indent=2))
+        print(json.dumps(r, indent=2))
         return
-    unmodeled = sorted({t.design for t in tried} - set(MODELED_DESIGNS))
     model = f"the MODEL, not a measurement (kgen/model.py: {validation()}; over the benchmark grid)"
     how = (f"by the shape buckets each won when timed on {tuned.device} (tuned table {tuned.path}), then by {model}"
            if tuned else f"by {model}")
     console.print(f"No {a.name} GPU here: {spec.name}'s candidate tilings on {a.name} ranked {how}; no table is "
-                  f"written." + (f" The model has no entry for the {', '.join(unmodeled)} loop ('not modeled')."
-                                 if unmodeled else ""), markup=False)
-    cli_tables.print_ranking(console, rows, str(tuned.path) if tuned else None)
+                  f"written." + (f" The model has no entry for the {', '.join(r['unmodeled'])} loop ('not modeled')."
+                                 if r["unmodeled"] else ""), markup=False)
+    cli_tables.print_ranking(console, r["rows"], str(tuned.path) if tuned else None)

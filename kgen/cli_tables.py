@@ -7,11 +7,16 @@ cut: `kgen build --wide` says what it needs and prints each kernel as a block of
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from . import sass
+from .model import MODELED_DESIGNS, rank_by_model
+from .plan import plan
+from .tuning import candidates, find_table, tiles_text
 
 TILES_LEGEND = ("tiling: mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS = packed (token, head) rows per tile, KV rows "
                 "per tile, compute warps along the rows, KV ring stages, CTAs per SM the kernel is built for; "
@@ -121,11 +126,11 @@ def print_show_kernels(console: Console, rows: list[dict]) -> None:
                         wrap=("variant id, then its SASS instruction counts",)))
 
 
-def bucket_rows(table_, p, buckets, tiles_text) -> list[dict]:
+def bucket_rows(table_, buckets) -> list[dict]:
     rows = []
     for b in buckets:
         c = table_.choices.get(b.key)
-        rows.append({"bucket": b.key, "runs": tiles_text(c.tiles) if c else tiles_text(p.tiles),
+        rows.append({"bucket": b.key, "runs": tiles_text(c.tiles) if c else "the heuristic plan",
                      "tuned": c is not None, "us": round(c.us, 1) if c else None,
                      "heuristic_us": round(c.default_us, 1) if c else None,
                      "noise_pct": round(100 * c.noise, 1) if c else None})
@@ -137,7 +142,7 @@ def print_buckets(console: Console, rows: list[dict], source: str) -> None:
     if not rows:
         return
     console.print(table(["bucket", "runs", "µs", "heuristic µs", "noise %"],
-                        [[r["bucket"], r["runs"] + ("" if r["tuned"] else " (heuristic)"), r["us"],
+                        [[r["bucket"], r["runs"], r["us"],
                           r["heuristic_us"], r["noise_pct"]] for r in rows], left=("bucket", "runs")))
     console.print(TILES_LEGEND, highlight=False, markup=False)
 
@@ -156,6 +161,34 @@ def print_model(console: Console, rows: list[dict]) -> None:
 
 
 # ---- kgen tune --arch (the model's ranking) ----
+
+def ranking(spec, arch) -> dict:
+    """`kgen tune --arch` without that GPU: every candidate tiling of `arch` (and the current plan's),
+    ranked by the buckets each won in a tuned table measured on that arch where one exists, then by
+    the model's geometric mean over the grid; equal keys share a rank (tied). Designs the model has
+    no entry for are listed in "unmodeled" (their modeled_us is None)."""
+    current = plan(spec, arch).tiles
+    tried = list({tiles_text(t): t for t in [current, *candidates(spec, arch)]}.values())
+    modeled = {tiles_text(t): round(us, 1)
+               for t, us in rank_by_model(spec, arch, [t for t in tried if t.design in MODELED_DESIGNS])}
+    tuned = find_table(spec, arch.name)
+    won = Counter(tiles_text(c.tiles) for c in tuned.choices.values()) if tuned else None
+    rows = [{"tiling": tiles_text(t), "modeled_us": modeled.get(tiles_text(t)),
+             "buckets_won": won[tiles_text(t)] if won is not None else None, "current": t == current}
+            for t in tried]
+
+    def key(r):
+        return -(r["buckets_won"] or 0), r["modeled_us"] if r["modeled_us"] is not None else float("inf")
+
+    rows.sort(key=key)
+    for r in rows:
+        same = [i for i, o in enumerate(rows) if key(o) == key(r)]
+        r["rank"], r["tied"] = same[0] + 1, len(same) > 1
+    return {"spec": spec.name, "arch": arch.name, "table": tuned, "rows": rows,
+            "ranked_by": (f"buckets won in the tuned table {tuned.path} (measured on {tuned.device}), then the "
+                          f"model" if tuned else "the model"),
+            "unmodeled": sorted({t.design for t in tried} - set(MODELED_DESIGNS))}
+
 
 def print_ranking(console: Console, rows: list[dict], measured: str | None) -> None:
     """rows: rank, tied, tiling, modeled_us (None: not modeled), buckets_won (None: no measured table), current."""

@@ -153,13 +153,26 @@ def test_a_bad_out_is_one_line_naming_it(tmp_path, kind, command):
     _one_line_error(kgen_cli(command, SPEC, "--out", out), f"--out {out}")
 
 
+def _kgen_with_cache(cache_dir, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kgen", *map(str, args)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "KGEN_CACHE_DIR": str(cache_dir)}, timeout=600)
+
+
 @pytest.mark.parametrize("command", [["build", SPEC], ["show", SPEC], ["inspect", SPEC, "lse_combine"],
                                      ["cache", "info"], ["cache", "clear"]])
-def test_a_cache_dir_that_is_a_file_is_one_line_from_every_command(tmp_path, command):
-    extra = ["--out", str(tmp_path)] if command[0] == "build" else []
-    env_cli = subprocess.run([sys.executable, "-m", "kgen", *map(str, command), *extra], capture_output=True, text=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), "KGEN_CACHE_DIR": str(SPEC)}, timeout=600)
-    _one_line_error(env_cli, f"KGEN_CACHE_DIR={SPEC} is not a directory")
+@pytest.mark.parametrize("where, needle", [(SPEC, "is not a directory"), (SPEC / "x", f"is inside {SPEC}, a file")])
+def test_a_cache_dir_that_is_a_file_is_one_line_from_every_command(tmp_path, command, where, needle):
+    extra = ["--out", tmp_path] if command[0] == "build" else []
+    _one_line_error(_kgen_with_cache(where, *command, *extra), f"KGEN_CACHE_DIR={where} {needle}")
+
+
+def test_an_unwritable_cache_dir_is_one_line(tmp_path):
+    if os.geteuid() == 0:
+        where = Path("/sys/kgen-cache")  # root writes anywhere but here
+    else:
+        (tmp_path / "ro").mkdir(mode=0o555)
+        where = tmp_path / "ro" / "cache"
+    _one_line_error(_kgen_with_cache(where, "build", SPEC, "--out", tmp_path), f"KGEN_CACHE_DIR={where}: cannot write")
 
 
 @pytest.mark.parametrize("args, needle", [(["tune", SPEC, "--budget-s", "-5"], "--budget-s"),
@@ -172,10 +185,9 @@ def test_bad_flags_are_one_line(args, needle):
 
 
 def test_a_cache_miss_under_disable_jit_names_the_kernel_and_spec(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KGEN_CACHE_DIR": str(tmp_path / "empty"), "KGEN_DISABLE_JIT": "1"}
     r = subprocess.run([sys.executable, "-m", "kgen", "build", str(SPEC), "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "KGEN_CACHE_DIR": str(tmp_path / "empty"),
-                            "KGEN_DISABLE_JIT": "1"})
+                       capture_output=True, text=True, timeout=600, env=env)
     _one_line_error(r, "spec glm5_sm120", "kernel lse_merge_bf16", "for sm_120", "KGEN_DISABLE_JIT")
 
 
