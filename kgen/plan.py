@@ -197,7 +197,8 @@ def choose_attention_tiles(spec: Spec, arch: Arch) -> Tiles:
     raise PlanError(
         f"{spec.name}: model.kv_lora_rank + model.qk_rope_head_dim = {m.head_dim} query dims need {need} B of "
         f"shared memory per attention block with the smallest tiles (BM={t.bm}, BN={t.bn}, 2 stages), but "
-        f"{arch.name} allows {arch.smem_per_block} B; {_widest_fit(spec, arch, t)}"
+        f"{arch.name} allows {arch.smem_per_block} B (over by {need - arch.smem_per_block} B); "
+        f"{_widest_fit(spec, arch, t)}"
     )
 
 
