@@ -195,9 +195,16 @@ class KernelCache:
         shutil.rmtree(trash, ignore_errors=True)
 
     def info(self) -> dict:
-        entries = [p for p in self.entries.glob("*/*") if p.is_dir()] if self.entries.exists() else []
-        size = sum(f.stat().st_size for p in entries for f in p.iterdir() if f.is_file())
-        return {"root": str(self.root), "schema": SCHEMA_VERSION, "entries": len(entries), "bytes": size}
+        """Entries and bytes; entries that a clear or a repair in another process removes meanwhile
+        do not count."""
+        count = size = 0
+        for entry in self.entries.glob("*/*"):
+            try:
+                size += sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+                count += 1
+            except OSError:  # removed while we looked (or not a directory)
+                continue
+        return {"root": str(self.root), "schema": SCHEMA_VERSION, "entries": count, "bytes": size}
 
     def clear(self) -> int:
         """Remove every entry (and staging leftovers); waits for writes in flight, never breaks them."""
