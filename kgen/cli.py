@@ -73,11 +73,9 @@ def main() -> None:
             code = e.exit_code
     except typer.Abort:
         code = 130
-    except KgenError as e:
-        try:
-            _fail(e)
-        except typer.Exit as done:
-            code = done.exit_code
+    except KgenError as e:  # raised outside a command's own handling (e.g. in an option's callback)
+        _say("error", "red", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        code = 1
     sys.exit(code or 0)
 
 
