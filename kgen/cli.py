@@ -1,4 +1,4 @@
-"""The kgen command line: build, show, inspect, tune, cache, bench.
+"""The kgen command line: build, show, cache here; inspect, bench, tune in kgen/cli_tools.py.
 
 Every user error (a spec, a path, a flag, the environment) is one line on stderr and a non-zero
 exit, never a traceback: commands raise KgenError, and main() turns those and click's usage errors
@@ -8,8 +8,6 @@ into that line. Tables come from kgen/cli_tables.py and fit 80 columns.
 from __future__ import annotations
 
 import json
-import os
-import re
 import sys
 import time
 import warnings
@@ -17,19 +15,17 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
-from . import __version__, cli_tables, sass
-from .arch import get_arch, nvrtc_arch
-from .build import build, build_variant
+from . import __version__, cli_tables, cli_tools
+from .build import build
 from .cache import KernelCache
-from .errors import CacheMissError, KgenError
+from .cli_io import console, err_console, fail, say, writable_dir
+from .errors import KgenError
 from .model import MODELED_DESIGNS, grid, predict, validation
 from .plan import plan
 from .tuning import buckets, find_table, tiles_text
-from .render import render, templates_dir, write_generated
+from .render import write_generated
 from .spec import load_spec
 
 DISTRIBUTION = "kgen-mla"  # pyproject.toml's [project] name: "kgen" on the package index is another project
@@ -37,26 +33,11 @@ DISTRIBUTION = "kgen-mla"  # pyproject.toml's [project] name: "kgen" on the pack
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect or clear the cubin cache.")
 app.add_typer(cache_app, name="cache")
-console = Console(highlight=False)  # the terminal's width (COLUMNS; 80 when not a terminal): tables fit 80
-err_console = Console(stderr=True, highlight=False)
 UsageError = typer.BadParameter.__base__  # click's UsageError (typer >= 0.20 vendors click, older re-exports it)
 
 
-def _say(kind: str, style: str, message: str) -> None:
-    """`kind: message` on stderr; the message is printed as is (no markup)."""
-    err_console.print(Text(f"{kind}: ", style=style) + Text(message), soft_wrap=True)
-
-
-def _fail(e: Exception) -> None:
-    first, *detail = str(e).splitlines() or [type(e).__name__]
-    _say("error", "red", first)
-    if detail:
-        err_console.print(Text("\n".join(detail)))
-    raise typer.Exit(1)
-
-
 def _warn(message, category, filename, lineno, file=None, line=None) -> None:
-    _say("warning", "yellow", str(message))
+    say("warning", "yellow", str(message))
 
 
 def main() -> None:
@@ -69,12 +50,12 @@ def main() -> None:
             code = 2
         else:
             cmd = e.ctx.command_path if e.ctx else "kgen"
-            _say("error", "red", f"{e.format_message()} ({cmd} --help lists what is allowed)")
+            say("error", "red", f"{e.format_message()} ({cmd} --help lists what is allowed)")
             code = e.exit_code
     except typer.Abort:
         code = 130
     except KgenError as e:  # raised outside a command's own handling (e.g. in an option's callback)
-        _say("error", "red", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        say("error", "red", str(e).splitlines()[0] if str(e) else type(e).__name__)
         code = 1
     sys.exit(code or 0)
 
@@ -89,21 +70,6 @@ def _print_version(value: bool) -> None:
 def app_main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                           help="Print kgen's version and distribution name, and exit.")) -> None:
     """Generate, compile and cache kgen kernels."""
-
-
-def _writable_dir(path: Path, option: str = "--out") -> Path:
-    """`path` as a directory kgen may write (created if missing), or a one-line error naming `option`."""
-    if path.exists() and not path.is_dir():
-        raise KgenError(f"{option} {path} is a file; give a directory (it is created if missing)")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".kgen-write-test.{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as e:
-        raise KgenError(f"{option} {path}: cannot write there ({e.strerror}); give a directory kgen may create "
-                        f"and write") from None
-    return path
 
 
 @app.command("build")
@@ -123,7 +89,7 @@ def build_cmd(
         plans = [plan(spec, a) for a in archs]
         target = plan(spec)
         try:
-            written = write_generated(target, _writable_dir(out))
+            written = write_generated(target, writable_dir(out))
         except OSError as e:
             raise KgenError(f"--out {out}: cannot write {e.filename} ({e.strerror}); give a directory kgen may "
                             f"create and write") from None
@@ -134,7 +100,7 @@ def build_cmd(
             built = [b for p in plans
                      for b in build(p, [p.arch.name], cache, on_done=lambda b: bar.advance(task), inspect=True)]
     except KgenError as e:
-        _fail(e)
+        fail(e)
     rows = [b.row() for b in built]
     if as_json:
         print(json.dumps(rows, indent=2))
@@ -146,7 +112,7 @@ def build_cmd(
     cli_tables.print_build(console, err_console, rows, wide)
     for b in built:
         for msg in b.problems():
-            _say("warning", "yellow", f"{b.variant.name} ({b.arch}): {msg}")
+            say("warning", "yellow", f"{b.variant.name} ({b.arch}): {msg}")
 
 
 @app.command("show")
@@ -168,7 +134,7 @@ def show_cmd(
         modeled = ([predict(spec, shape, a, plan_for=a.name) for shape in grid(spec)]
                    if p.tiles.design in MODELED_DESIGNS else None)
     except KgenError as e:
-        _fail(e)
+        fail(e)
     out = {"spec": spec.name, "arch": a.name, "design": p.tiles.design, "tiles": tiles_text(p.tiles),
            "threads": p.tiles.threads, **p.budget,
            "kernels": cli_tables.show_kernel_rows(built),
@@ -204,67 +170,13 @@ def show_cmd(
     cli_tables.print_model(console, out["model"])
 
 
-@app.command("inspect")
-def inspect_cmd(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
-    kernel: str = typer.Argument(..., metavar="KERNEL", help="variant name (e.g. prefix_attn, lse_merge_bf16) or kernel kind"),
-    arch: Optional[str] = typer.Option(None, "--arch", help="the arch whose cubin to disassemble; default: the spec's target"),
-    line_info: bool = typer.Option(False, "--line-info", help="annotate with source lines"),
-) -> None:
-    """Dump the SASS of one kernel of SPEC (compiled or loaded from the cache) with nvdisasm."""
-    try:
-        spec = load_spec(spec_path)
-        a = get_arch(arch or spec.target.arch)
-        p = plan(spec, a)
-        variants = [v for v in p.variants if kernel in (v.name, v.kernel)]
-        if not variants:
-            raise KgenError(f"{spec.name} has no kernel {kernel!r}; kernels: {', '.join(v.name for v in p.variants)}")
-        cache = KernelCache()
-        for v in variants:
-            try:
-                b = build_variant(v, a.name, cache, inspect=True)
-            except CacheMissError as e:
-                raise CacheMissError(f"spec {spec.name}: {e}") from None
-            print(f"// {v.variant_id} for {a.name}: {b.report.registers} registers, {b.report.spill_bytes} B spills, "
-                  f"{b.occupancy.ctas_per_sm} CTAs/SM (limit: {b.occupancy.limit})\n// {sass.summary(b.sass)}")
-            text = sass.dump(b.cubin, nvrtc_arch(a.name, v.requires), line_info=line_info)  # sm_90a for wgmma
-            print(_existing_line_paths(text, v, cache) if line_info else text)
-    except KgenError as e:
-        _fail(e)
-
-
-_LINE_FILE = re.compile(r'(//## File ")([^"]*)(")')
-
-
-def _existing_line_paths(text: str, variant, cache: KernelCache) -> str:
-    """nvdisasm's line info names the files as NVRTC saw them (`<name>.cu`, `kgen/<header>.cuh`,
-    under the directory the kernel was first compiled in): point them at files that exist — the
-    rendered source, written next to the cache, and the headers in kgen's templates."""
-    source = cache.root / "sources" / f"{variant.variant_id}.cu"
-    try:
-        source.parent.mkdir(parents=True, exist_ok=True)
-        source.write_text(render(variant))
-    except OSError as e:
-        raise KgenError(f"{cache.described}: cannot write {source} for --line-info ({e.strerror})") from None
-
-    def fix(m: re.Match) -> str:
-        name = Path(m.group(2)).name
-        if name == f"{variant.name}.cu":
-            return f"{m.group(1)}{source}{m.group(3)}"
-        if (templates_dir() / name).is_file():
-            return f"{m.group(1)}{templates_dir() / name}{m.group(3)}"
-        return m.group(0)
-
-    return _LINE_FILE.sub(fix, text)
-
-
 @cache_app.command("info")
 def cache_info() -> None:
     """Where the cache is and what it holds."""
     try:
         info = KernelCache().info()
     except KgenError as e:
-        _fail(e)
+        fail(e)
     console.print(f"{info['root']}: {info['entries']} entries, {cli_tables.human_bytes(info['bytes'])} "
                   f"({info['bytes']} bytes; schema v{info['schema']})", markup=False)
 
@@ -275,115 +187,11 @@ def cache_clear() -> None:
     try:
         n = KernelCache().clear()
     except KgenError as e:
-        _fail(e)
+        fail(e)
     console.print(f"removed {n} entries")
 
 
-@app.command("bench")
-def bench_cmd(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="base spec YAML (heads, tree and page size vary over the grid)"),
-    quick: bool = typer.Option(False, "--quick", help="a handful of shapes at the spec's head count (under a minute)"),
-    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="KV page size (default: the spec's)"),
-    heads: str = typer.Option("8,16", "--heads", help="comma-separated head counts of the grid"),
-    triton: bool = typer.Option(True, "--triton/--no-triton", help="time SGLang's Triton extend_attention_fwd too"),
-    graph: bool = typer.Option(True, "--graph/--no-graph", help="time by CUDA-graph replay (default) or eagerly"),
-    time_limit: Optional[float] = typer.Option(None, "--time-limit", min=0.0, help="start no new shape after this many seconds"),
-    out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
-) -> None:
-    """(GPU) Benchmark SPEC: the two ceilings, the benchmark grid (docs/design.md) and SGLang's Triton baseline;
-    a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run."""
-    # bench/ lives next to the package in a checkout, not inside the wheel
-    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
-        if (root / "bench" / "run.py").is_file() and str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-    try:
-        load_spec(spec_path)
-        head_counts = tuple(int(h) for h in heads.split(",")) if re.fullmatch(r"\d+(,\d+)*", heads) else None
-        if not head_counts or not all(head_counts):
-            raise KgenError(f"--heads {heads!r}: give comma-separated head counts >= 1, e.g. 8,16")
-        _writable_dir(out)
-        try:
-            from bench.run import BenchError, run
-        except ImportError as e:
-            raise KgenError(f"kgen bench needs the bench/ folder of a kgen checkout (run it from the repository "
-                            f"root): {e}") from None
-        try:
-            code = run(spec_path, quick=quick, page_size=page_size, heads=head_counts, triton=triton, graph=graph,
-                       time_limit=time_limit, out_dir=out)
-        except (BenchError, ValueError) as e:
-            raise KgenError(str(e)) from None
-    except KgenError as e:
-        _fail(e)
-    raise typer.Exit(code)
 
-
-@app.command("tune")
-def tune_cmd(
-    spec_path: Path = typer.Argument(..., metavar="SPEC", help="spec YAML file"),
-    budget_s: float = typer.Option(300.0, "--budget-s", min=0.0, help="start no new shape bucket after this many seconds (>= 0)"),
-    arch: Optional[str] = typer.Option(None, "--arch", help="an arch other than the GPU present: rank its candidate "
-                                                           "tilings by the performance model (no GPU needed)"),
-    out: Optional[Path] = typer.Option(None, "--out", help="table file (default: the user table under KGEN_CACHE_DIR/tuned)"),
-    as_json: bool = typer.Option(False, "--json", help="with --arch: print the ranking as JSON"),
-) -> None:
-    """(GPU) Time the candidate attention tilings of SPEC per shape bucket on the GPU present and write
-    the winners to a tuned table, which kgen.jit then uses for that spec, arch and kgen version.
-    With --arch for an arch that is not present, rank the candidates by the model instead."""
-    from .tuning import table_name, user_dir
-
-    try:
-        spec = load_spec(spec_path)
-        if out is not None and out.is_dir():
-            raise KgenError(f"--out {out} is a directory; give the table's file name (e.g. {out / 'table.json'})")
-        import torch
-
-        here = None
-        if torch.cuda.is_available():
-            from .arch import arch_for_capability
-
-            here = arch_for_capability(*torch.cuda.get_device_capability()).name
-        if arch and arch != here:
-            _rank_by_model(spec, get_arch(arch), as_json)
-            return
-        if here is None:
-            raise KgenError("kgen tune times on the GPU present, and torch sees none here "
-                            "(--arch ARCH ranks an arch's tilings by the performance model instead)")
-        if out is not None:
-            _writable_dir(out.parent, "--out's folder")
-        from .tuner import tune
-
-        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console) as bar:
-            task = bar.add_task(f"tuning {spec.name}", total=len(buckets()))
-
-            def done(bucket, r):
-                bar.advance(task)
-                bar.console.print(f"{bucket.key:20s} " + "  ".join(f"{t} {us:.1f}" for t, us in sorted(r["times"].items()))
-                                  + f"  noise {100 * r['noise']:.1f}% -> {r['chosen']}", highlight=False, markup=False)
-
-            table = tune(spec, budget_s, on_bucket=done)
-        path = out or user_dir() / table_name(spec, table.arch)
-        try:
-            table.save(path)
-        except OSError as e:
-            raise KgenError(f"cannot write the tuned table {path} ({e.strerror}); give --out a file kgen may "
-                            f"write") from None
-    except KgenError as e:
-        _fail(e)
-    console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
-                  markup=False)
-
-
-def _rank_by_model(spec, a, as_json: bool) -> None:
-    """kgen tune --arch for an arch that is not here: the candidates ranked (cli_tables.ranking)."""
-    r = cli_tables.ranking(spec, a)
-    tuned = r.pop("table")
-    if as_json:
-        print(json.dumps(r, indent=2))
-        return
-    model = f"the MODEL, not a measurement (kgen/model.py: {validation()}; over the benchmark grid)"
-    how = (f"by the shape buckets each won when timed on {tuned.device} (tuned table {tuned.path}), then by {model}"
-           if tuned else f"by {model}")
-    console.print(f"No {a.name} GPU here: {spec.name}'s candidate tilings on {a.name} ranked {how}; no table is "
-                  f"written." + (f" The model has no entry for the {', '.join(r['unmodeled'])} loop ('not modeled')."
-                                 if r["unmodeled"] else ""), markup=False)
-    cli_tables.print_ranking(console, r["rows"], str(tuned.path) if tuned else None)
+app.command("inspect")(cli_tools.inspect_cmd)
+app.command("bench")(cli_tools.bench_cmd)
+app.command("tune")(cli_tools.tune_cmd)
