@@ -28,21 +28,13 @@ from typing import Callable
 
 from filelock import FileLock
 
-from . import __version__
+from . import env
 from .errors import CacheError, CacheMissError, CacheWarning
+from .version import __version__
 
 SCHEMA_VERSION = 1
 warnings.filterwarnings("always", category=CacheWarning)  # each repair is reported (once: see _warned)
 _warned: set[str] = set()
-
-
-def env_flag(name: str) -> bool:
-    """A KGEN_* switch: unset, empty, 0, false and no (any case) are off; anything else is on."""
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen").expanduser()
 
 
 def cache_key(*, source: str, headers: dict[str, str], nvrtc_version: str, options: list[str], arch: str) -> str:
@@ -65,9 +57,9 @@ class Entry:
 
 class KernelCache:
     def __init__(self, root: Path | None = None):
-        self.root = Path(root) if root is not None else cache_root()
+        self.root = Path(root) if root is not None else env.cache_root()
         self.entries = self.root / f"v{SCHEMA_VERSION}"
-        self.described = (f"the kernel cache {self.root}" if root is not None or not os.environ.get("KGEN_CACHE_DIR")
+        self.described = (f"the kernel cache {self.root}" if root is not None or env.path("KGEN_CACHE_DIR") is None
                           else f"KGEN_CACHE_DIR={self.root}")
         existing = next(d for d in (self.root, *self.root.parents) if d.exists())  # the root, or where it would go
         if not existing.is_dir():
@@ -131,10 +123,10 @@ class KernelCache:
 
     def get_or_build(self, key: str, build: Callable[[], tuple[bytes, str, dict]]) -> tuple[Entry, str]:
         """(entry, "cached" | "compiled"). `build` returns (cubin, source, extra meta)."""
-        always = env_flag("KGEN_ALWAYS_COMPILE")
+        always = env.flag("KGEN_ALWAYS_COMPILE")
         if not always and (entry := self.lookup(key)):
             return entry, "cached"
-        if env_flag("KGEN_DISABLE_JIT"):
+        if env.flag("KGEN_DISABLE_JIT"):
             raise CacheMissError(f"not in {self.described}, and KGEN_DISABLE_JIT=1 forbids compiling")
         locks = self.root / "locks"
         with self._writing():

@@ -2,7 +2,7 @@
 
 Every user error (a spec, a path, a flag, the environment) is one line on stderr and a non-zero
 exit, never a traceback: commands raise KgenError, and main() turns those and click's usage errors
-into that line. Tables come from kgen/cli_tables.py and fit 80 columns.
+into that line. Tables come from kgen/report.py and fit 80 columns.
 """
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ from typing import List, Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import __version__, cli_tables, cli_tools
+from . import cli_tools, designs, report
 from .build import build
 from .cache import KernelCache
 from .cli_io import console, err_console, fail, say, writable_dir
+from .env import EnvError
 from .errors import KgenError
-from .model import MODELED_DESIGNS, grid, predict, validation
+from .model import grid, modeled, predict, validation
 from .plan import plan
-from .tuning import buckets, find_table, tiles_text
+from .tuning import buckets, find_table
 from .render import write_generated
 from .spec import load_spec
+from .version import __version__
 
 DISTRIBUTION = "kgen-mla"  # pyproject.toml's [project] name: "kgen" on the package index is another project
 
@@ -54,7 +56,7 @@ def main() -> None:
             code = e.exit_code
     except typer.Abort:
         code = 130
-    except KgenError as e:  # raised outside a command's own handling (e.g. in an option's callback)
+    except (KgenError, EnvError) as e:  # outside a command's own handling: a KGEN_* value, an option's callback
         say("error", "red", str(e).splitlines()[0] if str(e) else type(e).__name__)
         code = 1
     sys.exit(code or 0)
@@ -109,7 +111,7 @@ def build_cmd(
     console.print(f"{spec.name}: {len(rows)} kernels for {designs} in {time.perf_counter() - start:.2f} s; "
                   f"the sources of the {target.arch.name} plan (the spec's target) are in {written}",
                   markup=False)
-    cli_tables.print_build(console, err_console, rows, wide)
+    report.print_build(console, err_console, rows, wide)
     for b in built:
         for msg in b.problems():
             say("warning", "yellow", f"{b.variant.name} ({b.arch}): {msg}")
@@ -131,15 +133,14 @@ def show_cmd(
         a = p.arch
         built = build(p, [a.name], KernelCache(), inspect=True)
         tuned = find_table(spec, a.name)
-        modeled = ([predict(spec, shape, a, plan_for=a.name) for shape in grid(spec)]
-                   if p.tiles.design in MODELED_DESIGNS else None)
+        times = [predict(spec, shape, a, plan_for=a.name) for shape in grid(spec)] if modeled(p.tiles) else None
     except KgenError as e:
         fail(e)
-    out = {"spec": spec.name, "arch": a.name, "design": p.tiles.design, "tiles": tiles_text(p.tiles),
+    out = {"spec": spec.name, "arch": a.name, "design": p.tiles.design, "tiles": designs.text(p.tiles),
            "threads": p.tiles.threads, **p.budget,
-           "kernels": cli_tables.show_kernel_rows(built),
-           "buckets": cli_tables.bucket_rows(tuned, buckets()) if tuned else [],
-           "model": cli_tables.model_rows(modeled) if modeled is not None else None}
+           "kernels": report.show_kernel_rows(built),
+           "buckets": report.bucket_rows(tuned, buckets()) if tuned else [],
+           "model": report.model_rows(times) if times is not None else None}
     if as_json:
         print(json.dumps(out, indent=2))
         return
@@ -147,27 +148,28 @@ def show_cmd(
     say(f"{spec.name}: plan for {a.name} ({a.description}); H={spec.model.num_q_heads} D={spec.model.head_dim} "
         f"Dv={spec.model.value_dim} page={spec.cache.page_size} kv={spec.cache.kv_dtype} "
         f"tree={'static ' if spec.tree.is_static else ''}{spec.tree.nodes} nodes")
-    say(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads; tiling {tiles_text(p.tiles)})")
+    say(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads; tiling {designs.text(p.tiles)})")
     say(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
         f"({p.budget['attention_smem_headroom']} B headroom)")
     console.print()
-    cli_tables.print_show_kernels(console, out["kernels"])
+    report.print_show_kernels(console, out["kernels"])
     console.print()
     source = (f"tuned table {tuned.path} ({tuned.device})" if tuned else
               f"no tuned table for this spec, {a.name} and kgen {__version__}: every bucket runs the heuristic "
               f"plan (kgen tune writes one)")
-    cli_tables.print_buckets(console, out["buckets"], source)
+    report.print_buckets(console, out["buckets"], source)
     console.print()
-    if modeled is None:
+    if times is None:
         say(f"modeled time: none for this plan. The performance model (kgen/model.py) covers the "
-            f"{', '.join(MODELED_DESIGNS)} loop and {a.name}'s plan runs the {p.tiles.design} loop: kgen bench "
-            f"measures it on the GPU (kgen show SPEC --arch sm_120 models the sm_120 plan)")
+            f"{', '.join(d.name for d in designs.DESIGNS if d.modeled)} loop and {a.name}'s plan runs the "
+            f"{p.tiles.design} loop: kgen bench measures it on the GPU (kgen show SPEC --arch sm_120 models the "
+            f"sm_120 plan)")
         return
     say(f"MODEL, not a measurement: {a.name} time of the {a.name} plan from the SASS of the tile loop and the "
         f"arch's rates ({a.sm_count} SMs at {a.clock_ghz} GHz, {a.dram_gbps:.0f} GB/s), per-call terms fitted on "
         f"the H200 (kgen/model.py); {validation()}. Floor = max(bytes / {a.dram_gbps:.0f} GB/s, FLOPs / the MMA "
         f"rate), FLOPs = 2·ΣT·H·(L+T)·(D+Dv); page size {spec.cache.page_size}.")
-    cli_tables.print_model(console, out["model"])
+    report.print_model(console, out["model"])
 
 
 @cache_app.command("info")
@@ -177,7 +179,7 @@ def cache_info() -> None:
         info = KernelCache().info()
     except KgenError as e:
         fail(e)
-    console.print(f"{info['root']}: {info['entries']} entries, {cli_tables.human_bytes(info['bytes'])} "
+    console.print(f"{info['root']}: {info['entries']} entries, {report.human_bytes(info['bytes'])} "
                   f"({info['bytes']} bytes; schema v{info['schema']})", markup=False)
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import cli_tables, sass
+from . import report, sass
 from .arch import get_arch, nvrtc_arch
 from .build import build_variant
 from .cache import KernelCache
@@ -170,8 +170,8 @@ def tune_cmd(
 
 
 def _rank_by_model(spec, a, as_json: bool) -> None:
-    """kgen tune --arch for an arch that is not here: the candidates ranked (cli_tables.ranking)."""
-    r = cli_tables.ranking(spec, a)
+    """kgen tune --arch for an arch that is not here: the candidates ranked (report.ranking)."""
+    r = report.ranking(spec, a)
     tuned = r.pop("table")
     if as_json:
         print(json.dumps(r, indent=2))
@@ -182,4 +182,4 @@ def _rank_by_model(spec, a, as_json: bool) -> None:
     console.print(f"No {a.name} GPU here: {spec.name}'s candidate tilings on {a.name} ranked {how}; no table is "
                   f"written." + (f" The model has no entry for the {', '.join(r['unmodeled'])} loop ('not modeled')."
                                  if r["unmodeled"] else ""), markup=False)
-    cli_tables.print_ranking(console, r["rows"], str(tuned.path) if tuned else None)
+    report.print_ranking(console, r["rows"], str(tuned.path) if tuned else None)

@@ -30,9 +30,15 @@
 
 namespace kgen {
 
+// Layout: the CTA's shared memory (bytes), rendered by kgen/designs/mma_sync.py (the planner's
+// budget): the staged row strides KV_STRIDE / Q_STRIDE / P_STRIDE (bytes) and S_STRIDE
+// (floats), the KV ring (RING_BYTES; Q is staged through it once), then S_OFF (partial scores
+// [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
+// float per row), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
+// the schedule's scratch (the partial scores are free until the first tile).
 template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_, bool KV_FP8_,
-          bool MMA_E4M3_, int S_ROW_PAD_>
-struct AttnConfig {
+          bool MMA_E4M3_, class Layout>
+struct AttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = BM_, BN = BN_;
     static constexpr int WARPS_M = WARPS_M_, DIM_GROUPS = DIM_GROUPS_, STAGES = STAGES_;
     static constexpr bool KV_FP8 = KV_FP8_;
@@ -58,22 +64,9 @@ struct AttnConfig {
     static constexpr int ROPE_STEPS = ROPE / K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
-    static constexpr int PAD = 16;                       // bytes of padding per staged row
-    static constexpr int KV_ROW = D * KV_ELEM;           // bytes per KV row
-    static constexpr int Q_ROW = D * 2;                  // bytes per (bf16) query row
-    static constexpr int KV_STRIDE = KV_ROW + PAD;       // bytes per staged KV row
-    static constexpr int Q_STRIDE = Q_ROW + PAD;         // bytes per staged Q row
-    static constexpr int S_STRIDE = BN + S_ROW_PAD_;     // floats per partial-score row
-    static constexpr int P_STRIDE = BN * P_ELEM + PAD;   // bytes per probability row
-    // Shared memory layout (bytes); plan.attention_smem_bytes mirrors it.
-    static constexpr int KV_BYTES = STAGES * BN * KV_STRIDE;
-    static constexpr int S_OFF = KV_BYTES;
-    static constexpr int P_OFF = S_OFF + DIM_GROUPS * BM * S_STRIDE * 4;
-    static constexpr int ALPHA_OFF = P_OFF + BM * P_STRIDE;
-    static constexpr int INV_L_OFF = ALPHA_OFF + BM * 4;
-    static constexpr int BAR_OFF = INV_L_OFF + BM * 4;  // mbarriers: full[STAGES], empty[STAGES], q
-    static constexpr int SMEM_BYTES = BAR_OFF + (2 * STAGES + 1) * 8;
-    static constexpr int SCRATCH_OFF = S_OFF;  // the schedule's scratch: the partial scores are free until the first tile
+    static constexpr int KV_ROW = D * KV_ELEM;  // bytes per KV row
+    static constexpr int Q_ROW = D * 2;         // bytes per (bf16) query row
+    using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
     static constexpr int RED_COLS = BN / RED_THREADS;
@@ -84,7 +77,9 @@ struct AttnConfig {
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
     static_assert(BN % K_BLOCK == 0 && BN % V_BLOCK == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
     static_assert(KV_FP8 || !MMA_E4M3, "e4m3 MMAs need an e4m3 cache");
-    static_assert(BM * Q_STRIDE <= KV_BYTES, "Q is staged through the KV ring");
+    static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
+    static_assert(BM * Q_STRIDE <= RING_BYTES && STAGES * BN * KV_STRIDE <= RING_BYTES, "Q is staged through the KV ring");
+    static_assert(Layout::SMEM_BYTES >= BAR_OFF + (2 * STAGES + 1) * 8, "the barriers fit the layout");
     static_assert(CONSUMERS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
     static_assert(ROW_BLOCK_BAR0 + WARPS_M <= 16, "named barrier ids");

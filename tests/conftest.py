@@ -24,7 +24,7 @@ import yaml
 
 import kgen
 from kgen.spec import parse_spec
-from kgen.testing import fresh_seed
+from kgen.inputs import fresh_seed
 
 HOME_CACHE = Path.home() / ".cache" / "kgen"
 OWN_CACHE = None if os.environ.get("KGEN_CACHE_DIR") else tempfile.mkdtemp(prefix="kgen-test-cache-")

@@ -150,7 +150,7 @@ def test_a_cache_dir_that_is_a_file_is_one_error_naming_the_variable(tmp_path, m
 def test_the_suite_never_uses_the_users_cache():
     from conftest import HOME_CACHE, OWN_CACHE
 
-    from kgen.cache import cache_root
+    from kgen.env import cache_root
 
     # without an explicit KGEN_CACHE_DIR the session made its own; an explicit one is the caller's choice
     assert cache_root() == Path(OWN_CACHE or os.environ["KGEN_CACHE_DIR"]).expanduser()

@@ -1,4 +1,4 @@
-"""What the kgen commands print: tables that fit 80 columns without cutting a number or a name.
+"""The tables the kgen command line prints (kgen/cli.py), 80 columns wide without cutting a number or a name.
 
 Every table here is built from rows of plain values, the same rows `--json` prints, so what a
 table shows and what the JSON holds cannot drift apart. A table wider than the terminal is never
@@ -13,10 +13,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from . import sass
-from .model import MODELED_DESIGNS, rank_by_model
+from . import designs, sass
+from .model import modeled, rank_by_model
 from .plan import plan
-from .tuning import candidates, find_table, tiles_text
+from .tuning import candidates, find_table
 
 TILES_LEGEND = ("tiling: mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS = packed (token, head) rows per tile, KV rows "
                 "per tile, compute warps along the rows, KV ring stages, CTAs per SM the kernel is built for; "
@@ -130,7 +130,7 @@ def bucket_rows(table_, buckets) -> list[dict]:
     rows = []
     for b in buckets:
         c = table_.choices.get(b.key)
-        rows.append({"bucket": b.key, "runs": tiles_text(c.tiles) if c else "the heuristic plan",
+        rows.append({"bucket": b.key, "runs": designs.text(c.tiles) if c else "the heuristic plan",
                      "tuned": c is not None, "us": round(c.us, 1) if c else None,
                      "heuristic_us": round(c.default_us, 1) if c else None,
                      "noise_pct": round(100 * c.noise, 1) if c else None})
@@ -168,13 +168,12 @@ def ranking(spec, arch) -> dict:
     the model's geometric mean over the grid; equal keys share a rank (tied). Designs the model has
     no entry for are listed in "unmodeled" (their modeled_us is None)."""
     current = plan(spec, arch).tiles
-    tried = list({tiles_text(t): t for t in [current, *candidates(spec, arch)]}.values())
-    modeled = {tiles_text(t): round(us, 1)
-               for t, us in rank_by_model(spec, arch, [t for t in tried if t.design in MODELED_DESIGNS])}
+    tried = list({designs.text(t): t for t in [current, *candidates(spec, arch)]}.values())
+    modeled_us = {designs.text(t): round(us, 1) for t, us in rank_by_model(spec, arch, [t for t in tried if modeled(t)])}
     tuned = find_table(spec, arch.name)
-    won = Counter(tiles_text(c.tiles) for c in tuned.choices.values()) if tuned else None
-    rows = [{"tiling": tiles_text(t), "modeled_us": modeled.get(tiles_text(t)),
-             "buckets_won": won[tiles_text(t)] if won is not None else None, "current": t == current}
+    won = Counter(designs.text(c.tiles) for c in tuned.choices.values()) if tuned else None
+    rows = [{"tiling": designs.text(t), "modeled_us": modeled_us.get(designs.text(t)),
+             "buckets_won": won[designs.text(t)] if won is not None else None, "current": t == current}
             for t in tried]
 
     def key(r):
@@ -187,7 +186,7 @@ def ranking(spec, arch) -> dict:
     return {"spec": spec.name, "arch": arch.name, "table": tuned, "rows": rows,
             "ranked_by": (f"buckets won in the tuned table {tuned.path} (measured on {tuned.device}), then the "
                           f"model" if tuned else "the model"),
-            "unmodeled": sorted({t.design for t in tried} - set(MODELED_DESIGNS))}
+            "unmodeled": sorted({t.design for t in tried if not modeled(t)})}
 
 
 def print_ranking(console: Console, rows: list[dict], measured: str | None) -> None:
