@@ -21,7 +21,6 @@ from . import cli_tools, designs, report
 from .build import build
 from .cache import KernelCache
 from .cli_io import console, err_console, fail, say, writable_dir
-from .env import EnvError
 from .errors import KgenError
 from .model import grid, modeled, predict, validation
 from .plan import plan
@@ -56,7 +55,7 @@ def main() -> None:
             code = e.exit_code
     except typer.Abort:
         code = 130
-    except (KgenError, EnvError) as e:  # outside a command's own handling: a KGEN_* value, an option's callback
+    except KgenError as e:  # outside a command's own handling: a KGEN_* value, an option's callback
         say("error", "red", str(e).splitlines()[0] if str(e) else type(e).__name__)
         code = 1
     sys.exit(code or 0)
@@ -197,3 +196,7 @@ def cache_clear() -> None:
 app.command("inspect")(cli_tools.inspect_cmd)
 app.command("bench")(cli_tools.bench_cmd)
 app.command("tune")(cli_tools.tune_cmd)
+
+
+if __name__ == "__main__":  # python -m kgen.cli works as python -m kgen does
+    main()

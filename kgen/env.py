@@ -11,6 +11,8 @@ are asked for, so a test or a server can set them at run time.
   KGEN_DEFRAG                install SGLang's opt-in defrag hook (and its KGEN_DEFRAG_* settings)
   KGEN_DEFRAG_STAGING_BYTES  staging memory per defrag launch pair
   KGEN_SGLANG_SPEC           the spec the SGLang backend runs (default: derived from the model)
+  KGEN_SGLANG_EXTEND_ATTENTION  where bench/ finds SGLang's Triton extend_attention.py
+  KGEN_TEST_*                the test suite's own settings (tests/conftest.py)
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import KgenError
+
 _OFF = ("", "0", "false", "no", "off")
 _ON = ("1", "true", "yes", "on")
 
 
-class EnvError(ValueError):
+class EnvError(KgenError, ValueError):
     """A KGEN_* variable set to a value kgen cannot read."""
 
 

@@ -73,8 +73,7 @@ __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys
     for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
         const PendingRow cur = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, row, num_keys, keys);
-        const int stage = ring_pos % C::STAGES, fill = ring_pos / C::STAGES;
-        if (fill > 0) mbar_wait(ring_empty<C>(smem, stage), (fill - 1) & 1);
+        const int stage = ring_wait_free<C>(smem, ring_pos);
         const char* src = keys.row(cur.j, cur.fetched);
         char* dst = smem + stage * C::STAGE_BYTES;
 #pragma unroll
@@ -162,8 +161,7 @@ struct WgDescs {
 template <class C>
 __device__ __forceinline__ void wg_issue_qk(char* smem, const WgConsumer<C>& st, const WgDescs& d, int pos,
                                             float (&s)[16]) {
-    const int stage = pos % C::STAGES;
-    mbar_wait(ring_full<C>(smem, stage), (pos / C::STAGES) & 1);
+    const int stage = ring_wait_full<C>(smem, pos);
     fence_async_shared();
     const unsigned long long k_desc = desc_add(d.k, stage * C::STAGE_BYTES);
     wgmma_fence();
@@ -234,15 +232,14 @@ __device__ __forceinline__ void wg_softmax(char* smem, WgConsumer<C>& st, int po
                         fmaxf(fmaxf(s[8 + 2 * h], s[9 + 2 * h]), fmaxf(s[12 + 2 * h], s[13 + 2 * h])));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float new_max = fmaxf(st.row_max[h], m * scale_log2);
-        const float ref = new_max == neg_inf() ? 0.f : new_max;  // a row that saw nothing yet
-        alpha[h] = exp2_fast(st.row_max[h] - ref);
-        st.row_max[h] = new_max;
+        const SoftmaxStep step = online_softmax_step(st.row_max[h], m * scale_log2);
+        alpha[h] = step.alpha;
         float p[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) p[2 * i + e] = s[4 * i + 2 * h + e] = exp2_fast(fmaf(s[4 * i + 2 * h + e], scale_log2, -ref));
+            for (int e = 0; e < 2; ++e)
+                p[2 * i + e] = s[4 * i + 2 * h + e] = exp2_fast(fmaf(s[4 * i + 2 * h + e], scale_log2, -step.ref));
         st.row_sum[h] = st.row_sum[h] * alpha[h] + (((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])));
     }
 }
@@ -312,10 +309,9 @@ __device__ __forceinline__ void wg_end(const WgConsumer<C>& st, float* __restric
         float sum = st.row_sum[h];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const bool empty = sum == 0.f;
-        const float inv = empty ? 0.f : 1.f / sum;
+        const float inv = row_inv_l(sum, 1.f);
         const int r = w.warp * 16 + w.g + 8 * h;
-        if (w.c == 0 && w.t == 0) part_lse[r] = empty ? neg_inf() : (st.row_max[h] + __log2f(sum)) * LN2;
+        if (w.c == 0 && w.t == 0) part_lse[r] = row_lse(st.row_max[h], sum);
         float* out = part_o + r * C::DV + w.c * C::WG_DV + 2 * w.t;
 #pragma unroll
         for (int j = 0; j < C::WG_DV / 8; ++j)
@@ -333,10 +329,7 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
                                        float* __restrict__ part_lse) {
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
     if (threadIdx.x == 0) {
-        for (int s = 0; s < C::STAGES; ++s) {
-            mbar_init(ring_full<C>(smem, s), 128);
-            mbar_init(ring_empty<C>(smem, s), C::CONSUMER_WARPS);
-        }
+        ring_init<C>(smem, 128, C::CONSUMER_WARPS);  // every producer thread's copies; every consumer warp
         mbar_init_fence();
     }
     __syncthreads();
