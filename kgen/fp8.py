@@ -56,11 +56,11 @@ def quantize_rows(k: torch.Tensor, latent: int) -> torch.Tensor:
     rule: per 128-dim block, scale = max|x| / 448 (fp32), byte = e4m3(clamp(x * (1 / scale), +-448));
     rope copied as bf16. An all-zero block gets scale 0 and zero bytes (it dequantizes to 0; SGLang's
     writer divides 0 by 0 there and stores what its float-to-e4m3 cast makes of NaN)."""
-    k = k.reshape(k.shape[0], -1)
+    k = k.reshape(-1, k.shape[-1])  # [N, D] or [N, 1, D]; N may be 0
     n, rope = k.shape[0], k.shape[1] - latent
     blocks = k[:, :latent].float().reshape(n, latent // SCALE_BLOCK, SCALE_BLOCK)
     scale = blocks.abs().amax(-1, keepdim=True) / E4M3_MAX
     inv = torch.where(scale > 0, 1.0 / scale, 0.0)
     q = (blocks * inv).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3)
-    return torch.cat([q.view(torch.uint8).reshape(n, latent), scale.reshape(n, -1).view(torch.uint8),
+    return torch.cat([q.view(torch.uint8).reshape(n, latent), scale.reshape(n, latent // SCALE_BLOCK).view(torch.uint8),
                       k[:, latent:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, rope * 2)], dim=1)

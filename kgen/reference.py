@@ -45,7 +45,7 @@ def prefix_rows(kv_cache: torch.Tensor, pages: torch.Tensor, length: int, page_s
 def dequantize_scaled_rows(rows: torch.Tensor, latent: int) -> torch.Tensor:
     """SGLang DSA pool rows (uint8 [N, B], DESIGN §11) -> float64 [N, latent + rope]: latent dim d is
     e4m3 byte d times fp32 scale d // 128 (the scales follow the latent bytes), then the bf16 rope."""
-    rows = rows.reshape(rows.shape[0], -1)
+    rows = rows.reshape(-1, rows.shape[-1])  # [N, B] or [N, 1, B]; N may be 0
     n, blocks = rows.shape[0], latent // 128
     scales = rows[:, latent:latent + 4 * blocks].contiguous().view(torch.float32).double()
     lat = rows[:, :latent].contiguous().view(torch.float8_e4m3fn).double().reshape(n, blocks, 128)

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import kgen
 from kgen import fp8, reference
 from kgen.inputs import make_verify_inputs
+from kgen.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -105,3 +107,31 @@ def test_scaled_row_nan_poison_survives_quantization():
     k = torch.full((2, 576), float("nan"), dtype=torch.bfloat16)
     deq = reference.dequantize_scaled_rows(fp8.quantize_rows(k, 512), 512)
     assert torch.isnan(deq).all()  # unused slots of test pools hold NaN: reading one must show
+
+
+def test_reference_reads_pool_rows_as_their_dequantized_values(seed):
+    """verify_ref on uint8 DSA rows (cache and tree keys) equals verify_ref on their float64
+    dequantization: the reference the kernels are compared with on such caches."""
+    spec = parse_spec({**yaml.safe_load((ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml").read_text()),
+                            "name": "dsa"})
+    inp = make_verify_inputs(spec, [8, 3], [500, 64], generator=torch.Generator().manual_seed(seed))
+    assert inp.kv_scaled and inp.kv_cache.shape[1] == 656
+    tree_rows = fp8.quantize_rows(inp.k_tree, 512)
+    deq = replace(inp, kv_cache=reference.dequantize_scaled_rows(inp.kv_cache, 512),
+                  k_tree=reference.dequantize_scaled_rows(tree_rows, 512))
+    for a, b in zip(inp.verify_ref(), deq.verify_ref()):
+        assert torch.isfinite(a).any() and torch.equal(a, b)
+    # the rows' scales differ within and across rows (testing.block_magnitudes)
+    used = inp.kv_cache[torch.isfinite(reference.dequantize_scaled_rows(inp.kv_cache, 512)).all(1)]
+    scales = used[:, 512:528].contiguous().view(torch.float32)
+    assert (scales.amax(1) / scales.amin(1)).max() > 2 and (scales[:, 0].amax() / scales[:, 0].amin()) > 2
+
+
+def test_scaled_rows_of_no_tokens():
+    """A request with no prefix (L = 0) or no tree tokens: zero rows both ways."""
+    rows = fp8.quantize_rows(torch.empty(0, 1, 576, dtype=torch.bfloat16), 512)
+    assert rows.shape == (0, 656) and reference.dequantize_scaled_rows(rows, 512).shape == (0, 576)
+    spec = parse_spec({**yaml.safe_load((ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml").read_text()), "name": "dsa"})
+    inp = make_verify_inputs(spec, [3, 0, 2], [0, 40, 0], generator=torch.Generator().manual_seed(0))
+    o, lse = inp.verify_ref()
+    assert torch.isfinite(lse).all() and o.shape == (5, 8, 512)
