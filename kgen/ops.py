@@ -19,6 +19,7 @@ from .build import build
 from .cache import env_flag
 from .plan import MIN_SPLIT_TILES, Plan, Tiles, ceil_div, plan, work_capacity
 from .runtime import Kernel, current_stream
+from .sparse import SparseStep, sparse_grid, sparse_workspace_layout
 from .spec import Spec
 from .step import Step, target_ctas, workspace_layout
 from .tuning import Bucket, find_table, tiles_text
@@ -108,6 +109,24 @@ class Module:
                          kv_scale=1.0, out=None, lse=None):
         """Prefix + tree attention of every tree token: merge(prefix_attention, tree_attention)."""
         step = self.prepare(qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens=self._rows(q))
+        return step.verify(q, kv_cache, k_tree, kv_scale=kv_scale, out=out, lse=lse)
+
+    # Sparse (DSA) verify, DESIGN §12 (kgen/sparse.py): specs with model.index_topk.
+
+    def prepare_sparse(self, qo_indptr, topk_indices, tree_mask=None, *, workspace: torch.Tensor | None = None,
+                       union: bool = True) -> SparseStep:
+        """Check one batch's top-k lists (and tree masks) and allocate its scratch once; then run
+        each layer with step.verify(q, kv_cache, k_tree). union=False: the per-token-gather variant."""
+        return SparseStep(self, qo_indptr, topk_indices, tree_mask, workspace, union)
+
+    def sparse_workspace_bytes(self, num_tokens: int, batch: int) -> int:
+        """Scratch bytes of a sparse step with `num_tokens` tree tokens in `batch` requests."""
+        return sparse_workspace_layout(self, sparse_grid(self, num_tokens, batch), batch)[3]
+
+    def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, *, kv_scale=1.0,
+                                out=None, lse=None):
+        """Each tree token over its listed prefix slots and its visible tree tokens, one softmax."""
+        step = self.prepare_sparse(qo_indptr, topk_indices, tree_mask)
         return step.verify(q, kv_cache, k_tree, kv_scale=kv_scale, out=out, lse=lse)
 
     def _rows(self, q) -> int:

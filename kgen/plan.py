@@ -312,21 +312,32 @@ def _tree_attn(c: PlanContext) -> list[Variant]:
                          "float* __restrict__ part_lse"))]
 
 
-def _lse_combine(c: PlanContext) -> list[Variant]:
-    """Merges an attention call's split partials (BM rows each) into o and lse."""
+def combine_variant(c: PlanContext, name: str, bm: int) -> Variant:
+    """Merges an attention call's split partials (bm rows each) into o and lse."""
     m = c.spec.model
-    return [Variant(kernel="lse_merge", name="lse_combine", template="lse_combine.cu.j2",
-                    threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
-                    constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": c.tiles.bm},
-                    params=_params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
-                                   "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
-                                   "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
-                    tag=c.tag)]
+    return Variant(kernel="lse_merge", name=name, template="lse_combine.cu.j2",
+                   threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
+                   constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": bm},
+                   params=_params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
+                                  "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
+                                  "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
+                   tag=c.tag)
+
+
+def _lse_combine(c: PlanContext) -> list[Variant]:
+    return [combine_variant(c, "lse_combine", c.tiles.bm)]
+
+
+def _sparse(c: PlanContext) -> list[Variant]:
+    """The sparse (DSA) kernels of a spec with model.index_topk (kgen/sparse_plan.py)."""
+    from .sparse_plan import sparse_variants  # local: sparse_plan builds on this module
+
+    return sparse_variants(c)
 
 
 # The registry, in the order of a plan's variants (and generated/ manifests). Adding a kernel is an
 # entry here and a template; the ops find its variants by name.
-KERNELS = (_lse_merge, _kv_defrag, _prefix_attn, _tree_attn, _lse_combine)
+KERNELS = (_lse_merge, _kv_defrag, _prefix_attn, _tree_attn, _lse_combine, _sparse)
 
 
 def plan(spec: Spec, arch: str | Arch | None = None, tiles: Tiles | None = None) -> Plan:
