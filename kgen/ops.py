@@ -119,9 +119,9 @@ class Module:
         each layer with step.verify(q, kv_cache, k_tree). union=False: the per-token-gather variant."""
         return SparseStep(self, qo_indptr, topk_indices, tree_mask, workspace, union)
 
-    def sparse_workspace_bytes(self, num_tokens: int, batch: int) -> int:
+    def sparse_workspace_bytes(self, num_tokens: int, batch: int, union: bool = True) -> int:
         """Scratch bytes of a sparse step with `num_tokens` tree tokens in `batch` requests."""
-        return sparse_workspace_layout(self, sparse_grid(self, num_tokens, batch), batch)[3]
+        return sparse_workspace_layout(self, sparse_grid(self, num_tokens, batch, union), batch)[3]
 
     def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, *, kv_scale=1.0,
                                 out=None, lse=None):

@@ -22,18 +22,28 @@ from .sparse_plan import MIN_CHUNK, list_capacity
 
 _ALIGN = 256
 _BF16 = (torch.bfloat16,)
+UNBOUNDED = (1 << 31) - 1  # the union kernel's splits have no size cap: a set that overflows runs in rounds
 
 
 def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def sparse_grid(mod, num_tokens: int, batch: int) -> int:
-    """An upper bound of the sparse schedule's work items (find_sparse_item): splits of
-    ceil(W / target) entries give at most target + sum_b R_b items, and sum_b R_b <=
-    ceil(num_tokens * H / BM) + batch."""
+def sparse_grid(mod, num_tokens: int, batch: int, union: bool = True) -> int:
+    """An upper bound of the sparse schedule's work items (find_sparse_item). Splits of at least
+    ceil(W / target) entries give at most target + sum_b R_b items, sum_b R_b <= ceil(num_tokens *
+    H / BM) + batch; the gather kernel's splits of at most one list's capacity add up to
+    ceil(E_max / capacity) items per row tile, E_max = a row tile's tokens x index_topk entries."""
     bm = mod.k["sparse_combine"].variant.constants["BM"]
-    return _target(mod) + ceil_div(num_tokens * mod.spec.model.num_q_heads, bm) + batch
+    row_tiles = ceil_div(num_tokens * mod.spec.model.num_q_heads, bm) + batch
+    if union:
+        return _target(mod) + row_tiles
+    tile_tokens = min(bm, mod.spec.tree.nodes)
+    return _target(mod) + row_tiles * (1 + ceil_div(tile_tokens * mod.spec.model.index_topk, _capacity(mod)))
+
+
+def _capacity(mod) -> int:
+    return list_capacity(mod.k["sparse_verify_attn"].variant.constants["TABLE"])
 
 
 def _target(mod) -> int:
@@ -44,7 +54,7 @@ def sparse_workspace_layout(mod, grid: int, batch: int) -> tuple[int, int, int, 
     """Byte offsets of part_lse, req_meta and the key lists in a workspace (part_o starts it), and
     its size, for `grid` CTAs (a partial state of BM rows and a list of LIST_CAP keys each)."""
     bm = mod.k["sparse_combine"].variant.constants["BM"]
-    cap = list_capacity(mod.k["sparse_verify_attn"].variant.constants["TABLE"])
+    cap = _capacity(mod)
     rows = grid * bm
     part_lse = _aligned(rows * mod.spec.model.value_dim * 4)
     req_meta = part_lse + _aligned(rows * 4)
@@ -71,7 +81,7 @@ class SparseStep:
                              f"{spec.model.index_topk}")
         self.tree_mask = self._check_tree(spec, tree_mask)
         self.validate = env_flag("KGEN_VALIDATE")
-        self.grid = sparse_grid(mod, self.num_tokens, batch)
+        self.grid = sparse_grid(mod, self.num_tokens, batch, union)
         self._empty = self.num_tokens == 0 or batch == 0
         part_lse, req_meta, lists, size = sparse_workspace_layout(mod, self.grid, batch)
         if workspace is None:
@@ -94,7 +104,7 @@ class SparseStep:
         self._block = self._kernel.layout.pack(
             q=None, kv_cache=None, kv_scale=1.0, k_tree=None, tree_mask=self.tree_mask, qo_indptr=self.qo_indptr,
             topk_indices=self.topk_indices, topk_width=width, batch=batch, target_ctas=_target(mod),
-            min_chunk=MIN_CHUNK, max_nodes=spec.tree.nodes, total_tokens=self.num_tokens,
+            min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else _capacity(mod), max_nodes=spec.tree.nodes, total_tokens=self.num_tokens,
             validate=int(self.validate), error_flag=mod.error_flag, req_meta=base + req_meta, part_o=base,
             part_lse=base + part_lse, lists=base + lists, num_slots=0)
         self._combine = mod.k["sparse_combine"]

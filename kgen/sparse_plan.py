@@ -58,7 +58,7 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
     params = (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ kv_cache", "float kv_scale",
               f"const {kv}* __restrict__ k_tree", "const int* __restrict__ tree_mask",
               "const int* __restrict__ qo_indptr", "const int* __restrict__ topk_indices", "int topk_width",
-              "int batch", "int target_ctas", "int min_chunk", "int max_nodes", "int total_tokens", "int validate",
+              "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes", "int total_tokens", "int validate",
               "int* __restrict__ error_flag", "int4* __restrict__ req_meta", "float* __restrict__ part_o",
               "float* __restrict__ part_lse", "int* lists", "long long num_slots")
     table = table_entries(c, t)

@@ -25,7 +25,7 @@ namespace kgen {
 struct SparseArgs {
     const int* qo_indptr;
     const int* topk;  // [sum T, topk_width] slots, -1 = no key
-    int topk_width, batch, target_ctas, min_chunk, max_nodes, total_tokens, validate;
+    int topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens, validate;
     int* error_flag;
     int4* req_meta;
     int* lists;  // per CTA: LIST_CAP slots then LIST_CAP masks
@@ -43,8 +43,9 @@ struct SparseItem {
 
 // This CTA's work item. Request b has R_b = ceil(T_b * H / BM) row tiles, each reading E_b =
 // min(T_b, TILE_TOKENS) * K' list entries; the work W = sum R_b * E_b is cut into splits of
-// chunk = max(min_chunk, ceil(W / target_ctas)) entries, so about target_ctas CTAs run whatever
-// the batch, and request b gets S_b = max(1, ceil(E_b / chunk)) splits. Items are ordered as
+// chunk = min(max_chunk, max(min_chunk, ceil(W / target_ctas))) entries, so about target_ctas CTAs
+// run whatever the batch (the gather kernel caps a split at one list's capacity), and request b
+// gets S_b = max(1, ceil(E_b / chunk)) splits. Items are ordered as
 // the dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first
 // item, S_b, 0, R_b) for the combine kernel. Every thread calls it; `scratch` is 400 bytes.
 template <int HEADS, int BM>
@@ -73,7 +74,8 @@ __device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* sc
         mine += (unsigned long long)row_tiles * entries;
     }
     const unsigned long long work = block_reduce<Sum>(mine, sums);
-    const long long chunk = max((long long)a.min_chunk, ((long long)work + a.target_ctas - 1) / a.target_ctas);
+    const long long chunk = min((long long)a.max_chunk,
+                                max((long long)a.min_chunk, ((long long)work + a.target_ctas - 1) / a.target_ctas));
     int items_before = 0;
     for (int base = 0; base < a.batch; base += blockDim.x) {
         const int b = base + threadIdx.x;
@@ -259,19 +261,19 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
 }
 
 // Gather piece: list entries [e0, e1) of the tile's tokens, each a key of its own token, in order.
-__device__ __noinline__ int build_gather(int* scan, const KeyList list, const int* lists, int width, long long e0,
-                                         long long e1, const SparseArgs a) {
-    const int per = static_cast<int>((e1 - e0 + blockDim.x - 1) / blockDim.x);
-    const long long begin = e0 + (long long)threadIdx.x * per, end = min(e1, begin + per);
+__device__ __noinline__ int build_gather(int* scan, const KeyList list, const int* lists, int width, int e0, int e1,
+                                         const SparseArgs a) {
+    const int per = (e1 - e0 + blockDim.x - 1) / blockDim.x;
+    const int begin = e0 + threadIdx.x * per, end = min(e1, begin + per);
     int n = 0;
-    for (long long e = begin; e < end; ++e) n += listed(lists[e], a.num_slots, a.validate, a.error_flag);
+    for (int e = begin; e < end; ++e) n += listed(lists[e], a.num_slots, a.validate, a.error_flag);
     int total;
     int at = block_inclusive_sum(n, scan, &total) - n;
-    for (long long e = begin; e < end; ++e) {
+    for (int e = begin; e < end; ++e) {
         const int slot = lists[e];
         if (slot >= 0 && slot < a.num_slots) {
             list.slots[at] = slot;
-            list.masks[at] = 1u << static_cast<int>(e / width);
+            list.masks[at] = 1u << (e / width);
             ++at;
         }
     }
@@ -333,11 +335,10 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             rem += mod / 2;  // the other half
         }
     } else {
-        const long long entries = (long long)tile_tokens * width;
-        const long long per = (entries + item.splits - 1) / item.splits;
-        const long long e0 = min(entries, item.split * per), e1 = min(entries, e0 + per);
-        for (long long e = e0; e < e1; e += SlotSet<TABLE>::CAP)
-            attend_list(build_gather(set.scan, list, lists, width, e, min(e1, e + SlotSet<TABLE>::CAP), a));
+        const int entries = tile_tokens * width;  // <= 32 x 65536
+        const int per = (entries + item.splits - 1) / item.splits;
+        const int e0 = min(entries, item.split * per);  // per <= max_chunk = the list's capacity
+        attend_list(build_gather(set.scan, list, lists, width, e0, min(entries, e0 + per), a));
     }
     if (item.split == item.splits - 1) {
         const auto tree = tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true);

@@ -108,8 +108,8 @@ def test_random_batches_up_to_64_requests(sparse_module, cuda, seed, arch):
 
 def test_a_split_whose_list_outgrows_the_set_runs_in_rounds(sparse_module, cuda, seed):
     """One split per request (target_ctas 1): a row tile's 4 tokens with disjoint lists of 2048
-    name 8192 slots, twice the set's 4096, so the union kernel halves its partition (rounds) and
-    the gather kernel reads its entries in pieces."""
+    name 8192 slots, twice the set's 4096, so the union kernel halves its partition (rounds); the
+    gather kernel's splits stay within one list's capacity."""
     mod = sparse_module("glm5_dsa_sm120", None)
     x = make_sparse_inputs(mod.spec, [16, 4], [60000, 30000], 2048, shared=0.0, device=cuda,
                            generator=torch.Generator(cuda).manual_seed(seed))

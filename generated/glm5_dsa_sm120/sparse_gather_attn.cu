@@ -18,7 +18,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576_ps64_bf16_t64_sm120__a5f2e479eab9(
+extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576_ps64_bf16_t64_sm120__6e674cfa070c(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,
@@ -30,6 +30,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576
     int batch,
     int target_ctas,
     int min_chunk,
+    int max_chunk,
     int max_nodes,
     int total_tokens,
     int validate,
@@ -43,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576
     kgen::sparse_attention<Cfg, false, 8192, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask},
-        kgen::SparseArgs{qo_indptr, topk_indices, topk_width, batch, target_ctas, min_chunk, max_nodes, total_tokens,
+        kgen::SparseArgs{qo_indptr, topk_indices, topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens,
                          validate, error_flag, req_meta, lists, num_slots},
         part_o, part_lse, 0.09016844005556021f);
 }

@@ -1,0 +1,198 @@
+"""Sparse (DSA) verify on the CPU (DESIGN §12): the spec field, the plan of both arches and their
+compiled kernels, the float64 reference against a naive per-row computation, the indexer-shaped
+test lists, and the host-side checks. (tests/test_sparse_gpu.py runs the kernels.)"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import kgen
+from kgen.build import build
+from kgen.cache import KernelCache
+from kgen.errors import SpecError
+from kgen.plan import plan
+from kgen.sparse import check_distinct
+from kgen.sparse_plan import MAX_TABLE, list_capacity
+from kgen.sparse_testing import indexer_lists, make_sparse_inputs, prefix_slots
+from kgen.spec import parse_spec
+from kgen.testing import Dims, assert_close_attention
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "specs" / "glm5_dsa_sm120.yaml"
+DIMS = Dims(num_heads=3, head_dim=64, value_dim=48, scale=0.2, max_nodes=40, page_size=4)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- spec and plan ----------------------------------------------------------------------------
+
+def spec_data(**model) -> dict:
+    import yaml
+
+    data = yaml.safe_load(SPEC.read_text())
+    data["model"].update(model)
+    return data
+
+
+def test_index_topk_makes_a_sparse_spec_and_is_checked():
+    assert kgen.load_spec(SPEC).model.index_topk == 2048 and kgen.load_spec(SPEC).model.sparse
+    dense = spec_data()
+    del dense["model"]["index_topk"]
+    assert not parse_spec(dense).model.sparse
+    for bad, words in ((0, "greater than or equal to 1"), (1 << 17, "less than or equal to 65536"),
+                       (True, "valid integer"), ("2048", "valid integer")):
+        with pytest.raises(SpecError, match=f"bad.yaml: model.index_topk = .*{words}"):
+            parse_spec(spec_data(index_topk=bad), "bad.yaml")
+
+
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(arch):
+    p = plan(kgen.load_spec(SPEC), arch)
+    sparse = {v.name: v for v in p.variants if v.kernel == "sparse_attn"}
+    assert set(sparse) == {"sparse_verify_attn", "sparse_gather_attn"}
+    for v in sparse.values():
+        assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4," in v.constants["CONFIG"], v.constants["CONFIG"]
+        assert v.smem_bytes <= p.arch.smem_per_block
+        table = v.constants["TABLE"]
+        assert table == MAX_TABLE and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
+    assert sparse["sparse_verify_attn"].constants["UNION"] and not sparse["sparse_gather_attn"].constants["UNION"]
+    assert p.variant("sparse_combine").constants["BM"] == 32  # the sparse tiles', whatever the dense design
+    assert not [v for v in plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), arch).variants
+                if v.name.startswith("sparse")]
+
+
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn"])
+def test_the_sparse_kernels_compile_without_spills_and_use_the_tensor_cores(arch, kv, tmp_path_factory):
+    data = spec_data()
+    data["cache"]["kv_dtype"] = kv
+    data["name"] = f"dsa_{kv[:4]}"
+    p = plan(parse_spec(data), arch)
+    built = build(p.__class__(p.spec, p.arch, p.tiles, tuple(v for v in p.variants if v.name.startswith("sparse")),
+                              p.budget), [arch], KernelCache(tmp_path_factory.mktemp("cache")), inspect=True)
+    assert [b.variant.name for b in built] == ["sparse_verify_attn", "sparse_gather_attn", "sparse_combine"]
+    for b in built:
+        assert b.problems() == [], (b.variant.name, b.problems())  # no spills or local memory; MMAs fed by bulk copies
+        if arch == "sm_120":
+            assert b.smem_bytes <= 99 * 1024
+
+
+def test_list_capacity_is_half_the_set():
+    assert list_capacity(8192) == 4096
+
+
+# ---- reference --------------------------------------------------------------------------------
+
+def naive_sparse(x):
+    """One softmax per (row, head) over an explicit list of keys: row i's listed slots in list
+    order (each a cache row), then its visible tree tokens from the raw mask bits."""
+    b = x.base
+    q, cache, k_tree = b.q.double(), b.kv_cache.double() * b.kv_scale, b.ref_k_tree.double()
+    qo, words, lists = b.qo_indptr.tolist(), b.tree_mask.tolist(), x.topk_indices.tolist()
+    o = torch.zeros(q.shape[0], q.shape[1], b.value_dim, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float64)
+    for r in range(len(qo) - 1):
+        for i in range(qo[r], qo[r + 1]):
+            keys = [cache[s] for s in lists[i] if s >= 0]
+            keys += [k_tree[qo[r] + j] for j in range(qo[r + 1] - qo[r]) if (words[i][j // 32] >> (j % 32)) & 1]
+            if not keys:
+                continue
+            k = torch.stack(keys)
+            for h in range(q.shape[1]):
+                logits = b.scale * (k @ q[i, h])
+                lse[i, h] = torch.logsumexp(logits, 0)
+                o[i, h] = torch.softmax(logits, 0) @ k[:, :b.value_dim]
+    return o, lse
+
+
+@pytest.mark.parametrize("shared, holes, foreign", [(0.9, 0.0, 0.0), (0.0, 0.1, 0.0), (0.5, 0.2, 0.3)])
+def test_sparse_reference_matches_naive_per_row_softmax(seed, shared, holes, foreign):
+    x = make_sparse_inputs(DIMS, [5, 0, 12, 1], [60, 30, 90, 7], 16, shared=shared, holes=holes, foreign=foreign,
+                           window=5, tree_kind="bits", generator=gen(seed))
+    o, lse = x.ref()
+    o_n, lse_n = naive_sparse(x)
+    torch.testing.assert_close(o, o_n, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, lse_n, rtol=1e-12, atol=1e-12)
+
+
+def test_lists_of_the_whole_prefix_give_dense_verify(seed):
+    """L <= K': every prefix token listed (in any order, -1 after) is the dense verify."""
+    x = make_sparse_inputs(DIMS, [4, 7, 1, 0], [16, 0, 9, 3], 16, generator=gen(seed))
+    assert_close_attention(*x.ref(), *x.base.verify_ref(), o_tol=1e-12, lse_tol=1e-12)
+
+
+def test_rows_that_list_nothing_and_see_nothing_are_empty_and_fp8_means_dequantized(seed):
+    x = make_sparse_inputs(Dims(**{**DIMS.__dict__, "kv_dtype": "float8_e4m3fn"}), [3, 4], [30, 40], 8,
+                           tree_kind="bits", generator=gen(seed))
+    x.topk_indices[1] = -1
+    x.base.tree_mask[1] = 0
+    o, lse = x.ref()
+    assert torch.isinf(lse[1]).all() and (o[1] == 0).all() and torch.isfinite(lse[[0, 2, 3]]).all()
+    torch.testing.assert_close(o, naive_sparse(x)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_the_order_of_a_list_does_not_matter(seed):
+    x = make_sparse_inputs(DIMS, [6, 3], [50, 70], 12, holes=0.2, generator=gen(seed))
+    o, lse = x.ref()
+    perm = torch.randperm(12, generator=gen(seed + 1))
+    x.topk_indices = x.topk_indices[:, perm].contiguous()
+    o2, lse2 = x.ref()
+    torch.testing.assert_close(o, o2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, lse2, rtol=1e-12, atol=1e-12)
+
+
+# ---- test lists -------------------------------------------------------------------------------
+
+def test_indexer_lists_share_sinks_window_and_common_picks(seed):
+    slots = torch.randperm(10000, generator=gen(seed))[:5000]
+    rows = indexer_lists(slots, 16, 256, shared=0.75, window=32, generator=gen(seed))
+    assert rows.shape == (16, 256)
+    for r in rows:
+        assert torch.unique(r).numel() == 256 and torch.isin(r, slots).all()
+    shared = set(rows[0].tolist()).intersection(*(set(r.tolist()) for r in rows[1:]))
+    assert len(shared) == 192  # round(0.75 * 256): own picks never repeat a shared one
+    assert set(slots[:4].tolist()) <= shared and set(slots[-32:].tolist()) <= shared
+    assert 192 + 64 < torch.unique(rows).numel() <= 192 + 16 * 64  # own picks differ between tokens (mostly)
+
+
+def test_short_prefixes_are_listed_whole_and_padded_with_minus_one(seed):
+    slots = torch.tensor([7, 3, 11])
+    rows = indexer_lists(slots, 2, 5, shared=0.5, window=1, generator=gen(seed))
+    for r in rows.tolist():
+        assert sorted(r) == [-1, -1, 3, 7, 11]
+
+
+def test_test_lists_stay_distinct_with_holes_and_foreign_slots(seed):
+    x = make_sparse_inputs(DIMS, [8, 8, 8], [200, 150, 300], 32, shared=0.3, holes=0.2, foreign=0.5, window=4,
+                           generator=gen(seed))
+    check_distinct(x.topk_indices)
+    qo = x.base.qo_indptr.tolist()
+    crossed = 0
+    for b in range(3):
+        mine = set(prefix_slots(x.base, b).tolist())
+        rows = x.topk_indices[qo[b]:qo[b + 1]]
+        listed = set(rows[rows >= 0].tolist())
+        crossed += len(listed - mine)
+    assert crossed > 0 and (x.topk_indices == -1).any()
+    assert not torch.isnan(x.base.kv_cache[x.topk_indices[x.topk_indices >= 0].long()]).any()  # only used slots
+
+
+def test_check_distinct_names_the_first_row_with_a_repeat():
+    rows = torch.tensor([[3, -1, -1, 5], [1, 2, 9, 2], [4, 4, 0, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="topk_indices: row 1 lists a slot more than once"):
+        check_distinct(rows)
+    check_distinct(rows[:1])  # -1 may repeat
+    check_distinct(torch.zeros(3, 1, dtype=torch.int32))
+
+
+def test_union_sizes_count_distinct_slots_per_request(seed):
+    x = make_sparse_inputs(DIMS, [4, 2], [100, 100], 16, shared=1.0, generator=gen(seed))
+    assert x.union_sizes() == [16, 16]  # every token of a request lists the same 16
+    y = make_sparse_inputs(DIMS, [4], [1000], 16, shared=0.0, holes=0.3, generator=gen(seed))
+    assert y.union_sizes() == [len({s for row in y.topk_indices.tolist() for s in row if s >= 0})]
