@@ -2,9 +2,10 @@
 # On the GPU machine, from the repository root: the sparse (DSA) GPU tests (both plans, every
 # sparse cache format, union and gather kernels), then the sparse benchmark with a reference check
 # of every shape. Logs and the benchmark's JSON go to $OUT. Extra arguments go to pytest.
+# A carried .kcache/ (cubins built on the CPU machine with the same NVRTC) saves the compiles.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-/tmp/kgen_cache}"
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-$PWD/.kcache}"
 out="${OUT:-/tmp}"
 timeout 170 python3 -m pytest -q -p no:cacheprovider -rs --maxfail=12 tests/test_sparse_gpu.py "$@" 2>&1 \
     | tee "$out/sparse_tests.log"
