@@ -154,6 +154,28 @@ def show_cmd(
                       sass.summary(b.sass))
     console.print(table)
     _print_model(modeled)
+    if spec.model.sparse:
+        _print_sparse(spec, p)
+
+
+def _print_sparse(spec, p) -> None:
+    """A sparse spec's kernels: their tiling and hash set, and the modeled sm_120 time of its shapes."""
+    from .sparse_model import predict_sparse, show_shapes, unions
+
+    v = p.variant("sparse_verify_attn")
+    console.print(f"sparse (DSA) verify, index_topk {spec.model.index_topk}: sparse_verify_attn (each row tile's union "
+                  f"of its tokens' lists) and sparse_gather_attn (per-token gather), {v.constants['CONFIG']}, "
+                  f"{v.smem_bytes} B shared memory, a {v.constants['TABLE']}-entry hash set in the KV ring",
+                  highlight=False, markup=False)
+    a = get_arch("sm_120")
+    table = Table(title=f"modeled {a.name} sparse verify (model; lists share `shared` of K per request)")
+    for col in ("H", "T", "L", "B", "shared", "union rows", "floor us", "model us", "% of floor", "binding"):
+        table.add_column(col, justify="left" if col == "binding" else "right")
+    for s in show_shapes(spec):
+        m, sh = predict_sparse(spec, s, a), s.shape
+        table.add_row(str(sh.H), str(sh.T), str(sh.L), str(sh.B), f"{s.shared:.0%}", str(sh.B * unions(spec, s, sh.T)),
+                      f"{m.floor.us:.1f}", f"{m.us:.1f}", f"{m.pct_floor:.1f}", m.binding)
+    console.print(table)
 
 
 def _print_buckets(table, p) -> None:
@@ -265,13 +287,21 @@ def bench_cmd(
     out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
 ) -> None:
     """(GPU) Benchmark SPEC: the two ceilings, the benchmark grid (docs/design.md) and SGLang's Triton baseline;
-    a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run."""
+    a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run. A sparse spec
+    (model.index_topk) runs python -m bench.sparse instead: union vs per-token gather on indexer-shaped lists."""
     # bench/ lives next to the package in a checkout, not inside the wheel
     for root in (Path(__file__).resolve().parents[1], Path.cwd()):
         if (root / "bench" / "run.py").is_file() and str(root) not in sys.path:
             sys.path.insert(0, str(root))
     try:
+        if load_spec(spec_path).model.sparse:  # sparse specs have their own benchmark (bench/sparse.py)
+            from bench.sparse import main as sparse_main
+
+            raise typer.Exit(sparse_main(["--spec", str(spec_path), "--out", str(out),
+                                          *(["--time-limit", str(time_limit)] if time_limit else [])]))
         from bench.run import BenchError, run
+    except KgenError as e:
+        _fail(e)
     except ImportError as e:
         _fail(KgenError(f"kgen bench needs the bench/ folder of a kgen checkout (run it from the repository root): {e}"))
     try:

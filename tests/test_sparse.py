@@ -196,3 +196,36 @@ def test_union_sizes_count_distinct_slots_per_request(seed):
     assert x.union_sizes() == [16, 16]  # every token of a request lists the same 16
     y = make_sparse_inputs(DIMS, [4], [1000], 16, shared=0.0, holes=0.3, generator=gen(seed))
     assert y.union_sizes() == [len({s for row in y.topk_indices.tolist() for s in row if s >= 0})]
+
+
+def test_the_custom_op_has_a_fake_implementation():
+    from kgen import library
+
+    spec = kgen.load_spec(SPEC)
+    library.register_spec(spec)
+
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    o, lse = torch.ops.kgen.sparse_verify_attention(meta(16, 8, 576), meta(1000, 576), meta(16, 576),
+                                                    meta(2, dtype=torch.int32), meta(16, 2048, dtype=torch.int32),
+                                                    meta(16, 2, dtype=torch.int32), spec.name)
+    assert (o.shape, o.dtype, lse.shape, lse.dtype) == ((16, 8, 512), torch.bfloat16, (16, 8), torch.float32)
+
+
+def test_kgen_show_models_the_sparse_shapes_on_sm120():
+    from typer.testing import CliRunner
+
+    from kgen.cli import app
+
+    result = CliRunner().invoke(app, ["show", str(SPEC)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "sparse_verify_attn (each row tile's union" in result.output and "8192-entry hash set" in result.output
+    main = next(line for line in result.output.splitlines() if "│ 16 │ 131072 │  1 │    70%" in line)
+    shared = round(0.7 * 2048)
+    union = shared + 16 * (2048 - shared)  # the issue's main shape: B=1, L=131072, T=16, K=2048
+    cells = [c.strip() for c in main.split("│")]
+    assert int(cells[6]) == union
+    floor_us = (union + 16) * 1152 / 1792e9 * 1e6  # union rows (and the tree) once at sm_120's 1.79 TB/s
+    assert float(cells[7]) == pytest.approx(floor_us, abs=0.05)
+    assert float(cells[8]) > float(cells[7])  # the model never beats its floor

@@ -163,6 +163,15 @@ def test_bad_arguments_get_one_line_errors(sparse_module, cuda, seed):
         mod.sparse_verify_attention(q, cache, k_tree, qo, topk, mask, kv_scale=2.0)
 
 
+def test_the_custom_op_passes_opcheck_and_matches(sparse_module, cuda, seed):
+    mod = sparse_module("glm5_dsa_sm120", None)
+    x = make_sparse_inputs(mod.spec, [5, 2], [3000, 700], 512, holes=0.1, device=cuda,
+                           generator=torch.Generator(cuda).manual_seed(seed))
+    torch.library.opcheck(torch.ops.kgen.sparse_verify_attention, (*x.args(), mod.spec.name))
+    o, lse = torch.ops.kgen.sparse_verify_attention(*x.args(), mod.spec.name)
+    assert_close_attention(o, lse, *x.ref(), what="torch.ops.kgen.sparse_verify_attention")
+
+
 def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
     mod = sparse_module("glm5_dsa_sm120", None)
     x = make_sparse_inputs(mod.spec, [16, 3], [5000, 100], 2048, device=cuda,
