@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root: the sparse (DSA) GPU tests (both plans, every
 # sparse cache format, union and gather kernels), then the sparse benchmark with a reference check
-# of every shape. Logs and the benchmark's JSON go to $OUT. Extra arguments go to pytest.
+# of every shape, and the sm_120 plan's first shapes. Logs and the benchmark's JSON go to $OUT. Extra arguments go to pytest.
 # A carried .kcache/ (cubins built on the CPU machine with the same NVRTC) saves the compiles.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -10,3 +10,4 @@ out="${OUT:-/tmp}"
 timeout 170 python3 -m pytest -q -p no:cacheprovider -rs --maxfail=12 tests/test_sparse_gpu.py "$@" 2>&1 \
     | tee "$out/sparse_tests.log"
 timeout 100 python3 -m bench.sparse --check --time-limit 60 --out "$out" 2>&1 | tee "$out/sparse_bench.log"
+timeout 70 python3 -m bench.sparse --plan-arch sm_120 --time-limit 30 --out "$out" 2>&1 | tee "$out/sparse_bench_sm120.log"

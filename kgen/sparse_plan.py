@@ -14,7 +14,7 @@ from .plan import BF16, KV_CTYPES, AttentionTiles, PlanContext, Variant, _fits, 
 
 SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
 MAX_TABLE = 8192  # hash-set entries (8 B each): 4096 keys per round
-MIN_CHUNK = 128  # list entries a split reads at least, so partial states stay a small overhead
+MIN_CHUNK = 64  # list entries a split reads at least, so partial states stay a small overhead
 
 
 def sparse_tiles(c: PlanContext) -> AttentionTiles:

@@ -134,6 +134,8 @@ struct ListVisible {
     }
 };
 
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 // Generic-proxy writes to shared memory (the hash set in the ring) before bulk copies refill it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
@@ -156,40 +158,41 @@ struct SlotFilter {
     }
 };
 
-constexpr int log2_exact(int n) { return n <= 1 ? 0 : 1 + log2_exact(n / 2); }
-
-// The shared-memory hash set of a union round: TABLE slots (-1 = empty) and masks, then the
-// count of slots inserted and the overflow flag, then 32 ints of scan scratch.
+// The shared-memory hash set of a union round: `size` slots (-1 = empty) and masks, then the
+// count of slots inserted and the overflow flag, then 32 ints of scan scratch. The layout is
+// TABLE's; a round uses `size` <= TABLE entries (a power of two), picked for the split's
+// expected share of keys, so clearing and compacting it costs what the split needs.
 template <int TABLE>
 struct SlotSet {
-    static constexpr int BITS = log2_exact(TABLE);
-    static constexpr int CAP = TABLE / 2;  // keys per round; TABLE > CAP + threads, so probes end
+    static constexpr int CAP = TABLE / 2;      // keys of a list at most (the lists scratch per CTA)
+    static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
     static constexpr int BYTES = TABLE * 8 + 34 * 4;
-    static_assert((TABLE & (TABLE - 1)) == 0, "TABLE is a power of two");
+    static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
     int* keys;
     unsigned* masks;
     int* count;  // [0] inserted, [1] overflow
     int* scan;
+    int size, bits;
 
-    __device__ __forceinline__ static SlotSet at(char* smem) {
+    __device__ __forceinline__ static SlotSet at(char* smem, int size) {
         int* keys = reinterpret_cast<int*>(smem);
         unsigned* masks = reinterpret_cast<unsigned*>(keys + TABLE);
         int* count = reinterpret_cast<int*>(masks + TABLE);
-        return {keys, masks, count, count + 2};
+        return {keys, masks, count, count + 2, size, __ffs(size) - 1};
     }
 
     __device__ __forceinline__ void clear() const {
-        for (int i = threadIdx.x; i < TABLE; i += blockDim.x) {
+        for (int i = threadIdx.x; i < size; i += blockDim.x) {
             keys[i] = -1;
             masks[i] = 0u;
         }
         if (threadIdx.x < 2) count[threadIdx.x] = 0;
     }
 
-    // Add `bit` to slot's mask, inserting the slot if new; once CAP slots are in, new slots set
-    // the overflow flag instead (the round is redone in halves).
+    // Add `bit` to slot's mask, inserting the slot if new; once size / 2 slots are in, new slots
+    // set the overflow flag instead (the round is redone with a larger set, or in halves).
     __device__ __forceinline__ void insert(int slot, unsigned h, unsigned bit) const {
-        unsigned p = (h * 0x9e3779b1u) >> (32 - BITS);
+        unsigned p = (h * 0x9e3779b1u) >> (32 - bits);
         volatile int* vkeys = keys;
         while (true) {
             int k = vkeys[p];
@@ -197,7 +200,7 @@ struct SlotSet {
                 if (*(volatile int*)&count[1]) return;
                 k = atomicCAS(&keys[p], -1, slot);
                 if (k == -1) {
-                    if (atomicAdd(&count[0], 1) >= CAP) count[1] = 1;
+                    if (atomicAdd(&count[0], 1) >= size / 2) count[1] = 1;
                     k = slot;
                 }
             }
@@ -205,17 +208,17 @@ struct SlotSet {
                 atomicOr(&masks[p], bit);
                 return;
             }
-            p = (p + 1) & (TABLE - 1);
+            p = (p + 1) & (size - 1);
         }
     }
 
     // Write the set's slots and masks to `list` (in table order); returns how many.
     __device__ __forceinline__ int compact(const KeyList& list) const {
         int n = 0;
-        for (int i = threadIdx.x; i < TABLE; i += blockDim.x) n += keys[i] != -1;
+        for (int i = threadIdx.x; i < size; i += blockDim.x) n += keys[i] != -1;
         int total;
         int at = block_inclusive_sum(n, scan, &total) - n;
-        for (int i = threadIdx.x; i < TABLE; i += blockDim.x) {
+        for (int i = threadIdx.x; i < size; i += blockDim.x) {
             const int k = keys[i];
             if (k != -1) {
                 list.slots[at] = k;
@@ -226,6 +229,16 @@ struct SlotSet {
         return total;
     }
 };
+
+// The set size a split starts with: room for twice its expected entries (E / S of them hash to
+// it), which no distinct count reaches short of a skewed hash.
+template <int TABLE>
+__device__ __forceinline__ int initial_set_size(int entries, int splits) {
+    const int want = 4 * ((entries + splits - 1) / splits);
+    int size = SlotSet<TABLE>::MIN_SIZE;
+    while (size < want && size < TABLE) size *= 2;
+    return size;
+}
 
 // Whether list entry `slot` names a row: -1 (and any negative) is no key; with `validate`, a slot
 // outside the cache raises bit 2 of the error flag (without, it is skipped all the same).
@@ -245,15 +258,24 @@ __device__ __forceinline__ bool listed(int slot, long long num_slots, int valida
 template <int TABLE>
 __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lists, int tokens, int width,
                                         const SlotFilter filter, const KeyList list, const SparseArgs a) {
+    constexpr int LOADS = 8;  // entries a thread has in flight: the scan is a few L2 latencies, not one per entry
     set.clear();
     __syncthreads();
-    for (int t = 0; t < tokens; ++t)
-        for (int k = threadIdx.x; k < width; k += blockDim.x) {
-            const int slot = lists[(long long)t * width + k];
-            if (!listed(slot, a.num_slots, a.validate, a.error_flag)) continue;
-            const unsigned h = mix32(static_cast<unsigned>(slot));
-            if (filter(h)) set.insert(slot, h, 1u << t);
+    const int entries = tokens * width;
+    for (int e0 = threadIdx.x; e0 < entries; e0 += LOADS * blockDim.x) {
+        int slot[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int e = e0 + u * blockDim.x;
+            slot[u] = e < entries ? __ldg(lists + e) : -1;
         }
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            if (!listed(slot[u], a.num_slots, a.validate, a.error_flag)) continue;
+            const unsigned h = mix32(static_cast<unsigned>(slot[u]));
+            if (filter(h)) set.insert(slot[u], h, 1u << ((e0 + u * blockDim.x) / width));
+        }
+    }
     __syncthreads();
     const bool fits = set.count[1] == 0;
     __syncthreads();  // every thread has read the flag before the next round clears it
@@ -303,27 +325,30 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                        reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * SlotSet<TABLE>::CAP};
     const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
     const ListVisible<C> visible{list.masks, row0, token0, num_rows};
-    const SlotSet<TABLE> set = SlotSet<TABLE>::at(smem);
 
     AttnState<C> st;
     attend_begin<C>(smem, st, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2,
                     kv_scale);
     // Attend the first n keys of the list; the next build may rewrite the ring and the list after.
+    // The masks are read in every tile's softmax: fetched into L1 first (this CTA just wrote them).
     auto attend_list = [&](int n) {
         fence_proxy_async();
         __syncthreads();
+        for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l1(list.masks + i);
         attend_range<C>(smem, st, rows, n, visible, 0, (n + C::BN - 1) / C::BN);
         __syncthreads();
     };
     if constexpr (UNION) {
-        // Rounds walk the sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and
-        // (2 mod, rem + mod) when its set overflows.
+        // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
+        // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
+        int size = initial_set_size<TABLE>(tile_tokens * width, item.splits);
         unsigned mod = 1, rem = 0;
         while (true) {
             const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
-            const int n = build_union(set, lists, tile_tokens, width, filter, list, a);
+            const int n = build_union(SlotSet<TABLE>::at(smem, size), lists, tile_tokens, width, filter, list, a);
             if (n < 0) {
-                mod *= 2;
+                if (size < TABLE) size *= 2;
+                else mod *= 2;
                 continue;
             }
             attend_list(n);
@@ -338,7 +363,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
         const int entries = tile_tokens * width;  // <= 32 x 65536
         const int per = (entries + item.splits - 1) / item.splits;
         const int e0 = min(entries, item.split * per);  // per <= max_chunk = the list's capacity
-        attend_list(build_gather(set.scan, list, lists, width, e0, min(entries, e0 + per), a));
+        attend_list(build_gather(SlotSet<TABLE>::at(smem, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
+                                 min(entries, e0 + per), a));
     }
     if (item.split == item.splits - 1) {
         const auto tree = tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true);
