@@ -32,14 +32,14 @@ def _aligned(nbytes: int) -> int:
 def sparse_grid(mod, num_tokens: int, batch: int, union: bool = True) -> int:
     """An upper bound of the sparse schedule's work items (find_sparse_item). Splits of at least
     ceil(W / target) entries give at most target + sum_b R_b items, sum_b R_b <= ceil(num_tokens *
-    H / BM) + batch; the gather kernel's splits of at most one list's capacity add up to
-    ceil(E_max / capacity) items per row tile, E_max = a row tile's tokens x index_topk entries."""
+    H / BM) + batch; the gather kernel's splits of at most one list's capacity make at most
+    ceil(E_max / capacity) >= 1 items per row tile, E_max = a row tile's tokens x index_topk entries."""
     bm = mod.k["sparse_combine"].variant.constants["BM"]
     row_tiles = ceil_div(num_tokens * mod.spec.model.num_q_heads, bm) + batch
     if union:
         return _target(mod) + row_tiles
     tile_tokens = min(bm, mod.spec.tree.nodes)
-    return _target(mod) + row_tiles * (1 + ceil_div(tile_tokens * mod.spec.model.index_topk, _capacity(mod)))
+    return _target(mod) + row_tiles * ceil_div(tile_tokens * mod.spec.model.index_topk, _capacity(mod))
 
 
 def _capacity(mod) -> int:

@@ -229,3 +229,37 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
     floor_us = (union + 16) * 1152 / 1792e9 * 1e6  # union rows (and the tree) once at sm_120's 1.79 TB/s
     assert float(cells[7]) == pytest.approx(floor_us, abs=0.05)
     assert float(cells[8]) > float(cells[7])  # the model never beats its floor
+
+
+def test_the_grid_bound_holds_every_item_of_the_sparse_schedule(seed):
+    """sparse_grid against the item count find_sparse_item's documented rule gives (R_b row tiles
+    of E_b = min(T_b, tile tokens) x K' entries, splits of clamp(ceil(W / target), min_chunk,
+    max_chunk) entries) on random ragged batches: a grid short of it would leave rows unattended."""
+    import random
+    from types import SimpleNamespace
+
+    from kgen.sparse import UNBOUNDED, sparse_grid
+    from kgen.sparse_plan import MIN_CHUNK
+
+    rng = random.Random(seed)
+    for heads, nodes, topk in ((8, 64, 2048), (16, 256, 2048), (3, 40, 100), (128, 8, 64)):
+        data = spec_data(num_q_heads=heads, index_topk=topk)
+        data["tree"]["max_nodes"] = nodes
+        spec = parse_spec(data)
+        p = plan(spec)
+        table, bm = p.variant("sparse_verify_attn").constants["TABLE"], p.variant("sparse_combine").constants["BM"]
+        kernels = {name: SimpleNamespace(variant=p.variant(name)) for name in ("sparse_verify_attn", "sparse_combine")}
+        for _ in range(300):
+            batch = rng.choice([1, 2, 7, 64])
+            tokens = [rng.choice([0, 1, nodes, rng.randint(0, nodes)]) for _ in range(batch)]
+            width = rng.choice([0, 1, topk, rng.randint(1, topk)])
+            sm = rng.choice([132, 188])
+            mod = SimpleNamespace(spec=spec, sm_count=sm, k=kernels)
+            tile_tokens = bm // heads if bm % heads == 0 else (bm - 1) // heads + 2
+            rows = [-(-t * heads // bm) for t in tokens]
+            entries = [min(t, tile_tokens) * width for t in tokens]
+            work = sum(r * e for r, e in zip(rows, entries))
+            for union, cap in ((True, UNBOUNDED), (False, list_capacity(table))):
+                chunk = min(cap, max(MIN_CHUNK, -(-work // sm)))
+                items = sum(r * max(1, -(-e // chunk)) for r, e in zip(rows, entries))
+                assert items <= sparse_grid(mod, sum(tokens), batch, union), (heads, tokens, width, union)

@@ -103,7 +103,8 @@ def test_random_batches_up_to_64_requests(sparse_module, cuda, seed, arch):
         x = make_sparse_inputs(mod.spec, sizes, lens, width, shared=rng.random(), holes=rng.random() * 0.2,
                                foreign=rng.random() * 0.2, window=rng.randint(0, 512), device=cuda, generator=g,
                                tree_kind=rng.choice(["random", "chain", "star", "bits"]))
-        run_and_check(mod, x, f"B={batch} T={sizes} L={lens} K'={width}")
+        for union in (True, False):
+            run_and_check(mod, x, f"B={batch} T={sizes} L={lens} K'={width} union={union}", union)
 
 
 def test_a_split_whose_list_outgrows_the_set_runs_in_rounds(sparse_module, cuda, seed):
