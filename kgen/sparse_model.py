@@ -61,7 +61,8 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     tile_tokens = min(sh.T, bm // heads if bm % heads == 0 else (bm - 1) // heads + 2)
     entries = tile_tokens * spec.model.index_topk
     target = arch.sm_count * p.tiles.min_blocks
-    chunk = max(MIN_CHUNK, ceil_div(sh.B * row_tiles * entries, target))
+    slots = target - sh.B * row_tiles if sh.B * row_tiles < target else target
+    chunk = max(MIN_CHUNK, ceil_div(sh.B * row_tiles * entries, slots))
     splits = max(1, ceil_div(entries, chunk))
     keys = unions(spec, s, tile_tokens) / splits  # a row tile's share of its split
     request_bytes = unions(spec, s, sh.T) / splits * spec.model.head_dim * KV_BYTES[spec.cache.kv_dtype]

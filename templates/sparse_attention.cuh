@@ -42,12 +42,13 @@ struct SparseItem {
 };
 
 // This CTA's work item. Request b has R_b = ceil(T_b * H / BM) row tiles, each reading E_b =
-// min(T_b, TILE_TOKENS) * K' list entries; the work W = sum R_b * E_b is cut into splits of
-// chunk = min(max_chunk, max(min_chunk, ceil(W / target_ctas))) entries, so about target_ctas CTAs
-// run whatever the batch (the gather kernel caps a split at one list's capacity), and request b
-// gets S_b = max(1, ceil(E_b / chunk)) splits. Items are ordered as
-// the dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first
-// item, S_b, 0, R_b) for the combine kernel. Every thread calls it; `scratch` is 400 bytes.
+// min(T_b, TILE_TOKENS) * K' list entries; request b gets S_b = max(1, ceil(E_b / chunk)) splits
+// of chunk = min(max_chunk, max(min_chunk, ceil(W / slots))) entries, W = sum R_b * E_b. The
+// items number at most W / chunk + sum R_b, so slots = target_ctas - sum R_b (where that is
+// positive) keeps them within one wave of target_ctas CTAs whatever the batch (else slots =
+// target_ctas); the gather kernel caps a split at one list's capacity. Items are ordered as the
+// dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first item,
+// S_b, 0, R_b) for the combine kernel. Every thread calls it; `scratch` is 400 bytes.
 template <int HEADS, int BM>
 __device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* scratch) {
     int* scan = static_cast<int*>(scratch);
@@ -67,15 +68,17 @@ __device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* sc
         row_tiles = (tokens * HEADS + BM - 1) / BM;
         return (long long)min(tokens, TILE_TOKENS<HEADS, BM>) * a.topk_width;
     };
-    unsigned long long mine = 0;
+    unsigned long long mine = 0, my_tiles = 0;
     for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
         int row_tiles;
         const long long entries = shape(b, report, row_tiles);
         mine += (unsigned long long)row_tiles * entries;
+        my_tiles += row_tiles;
     }
     const unsigned long long work = block_reduce<Sum>(mine, sums);
-    const long long chunk = min((long long)a.max_chunk,
-                                max((long long)a.min_chunk, ((long long)work + a.target_ctas - 1) / a.target_ctas));
+    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);
+    const long long slots = row_tiles < a.target_ctas ? a.target_ctas - row_tiles : a.target_ctas;
+    const long long chunk = min((long long)a.max_chunk, max((long long)a.min_chunk, ((long long)work + slots - 1) / slots));
     int items_before = 0;
     for (int base = 0; base < a.batch; base += blockDim.x) {
         const int b = base + threadIdx.x;

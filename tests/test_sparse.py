@@ -233,8 +233,9 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
 
 def test_the_grid_bound_holds_every_item_of_the_sparse_schedule(seed):
     """sparse_grid against the item count find_sparse_item's documented rule gives (R_b row tiles
-    of E_b = min(T_b, tile tokens) x K' entries, splits of clamp(ceil(W / target), min_chunk,
-    max_chunk) entries) on random ragged batches: a grid short of it would leave rows unattended."""
+    of E_b = min(T_b, tile tokens) x K' entries, splits of clamp(ceil(W / slots), min_chunk,
+    max_chunk) entries, slots = target - sum R_b if positive, else target) on random ragged
+    batches: a grid short of it would leave rows unattended."""
     import random
     from types import SimpleNamespace
 
@@ -259,7 +260,8 @@ def test_the_grid_bound_holds_every_item_of_the_sparse_schedule(seed):
             rows = [-(-t * heads // bm) for t in tokens]
             entries = [min(t, tile_tokens) * width for t in tokens]
             work = sum(r * e for r, e in zip(rows, entries))
+            slots = sm - sum(rows) if sum(rows) < sm else sm
             for union, cap in ((True, UNBOUNDED), (False, list_capacity(table))):
-                chunk = min(cap, max(MIN_CHUNK, -(-work // sm)))
+                chunk = min(cap, max(MIN_CHUNK, -(-work // slots)))
                 items = sum(r * max(1, -(-e // chunk)) for r, e in zip(rows, entries))
                 assert items <= sparse_grid(mod, sum(tokens), batch, union), (heads, tokens, width, union)
