@@ -9,5 +9,6 @@ export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-$P
 out="${OUT:-/tmp}"
 timeout 170 python3 -m pytest -q -p no:cacheprovider -rs --maxfail=12 tests/test_sparse_gpu.py "$@" 2>&1 \
     | tee "$out/sparse_tests.log"
+timeout 60 python3 -m bench.sparse --anatomy --out "$out" 2>&1 | tee "$out/sparse_anatomy.log"
 timeout 100 python3 -m bench.sparse --check --time-limit 60 --out "$out" 2>&1 | tee "$out/sparse_bench.log"
-timeout 70 python3 -m bench.sparse --plan-arch sm_120 --time-limit 30 --out "$out" 2>&1 | tee "$out/sparse_bench_sm120.log"
+timeout 50 python3 -m bench.sparse --plan-arch sm_120 --time-limit 15 --out "$out" 2>&1 | tee "$out/sparse_bench_sm120.log"

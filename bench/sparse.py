@@ -112,6 +112,35 @@ def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
     return row
 
 
+def anatomy(mod, shape, *, device) -> dict:
+    """Where a call's time goes (graph replay, µs): each kernel on the indexer-shaped lists, on lists
+    of -1 only (the union kernel still scans every entry; neither attends a key: the tree and the
+    fixed costs remain), and on lists every token of a request shares whole (shared = 1)."""
+    from kgen.sparse_testing import make_sparse_inputs
+    from kgen.timing import time_rotation
+
+    b, length, t, shared = shape
+    width = mod.spec.model.index_topk
+
+    def sets(fraction):
+        return [make_sparse_inputs(mod.spec, [t] * b, [length] * b, width, shared=fraction, window=256,
+                                   device=device) for _ in range(8)]
+
+    real = sets(shared)
+    variants = {"real": [(x, x.topk_indices) for x in real],
+                "none": [(x, torch.full_like(x.topk_indices, -1)) for x in real],
+                "all shared": [(x, x.topk_indices) for x in sets(1.0)]}
+    row = {"shape": list(shape)}
+    for what, inputs in variants.items():
+        for name, union in (("union", True), ("gather", False)):
+            steps = [mod.prepare_sparse(x.base.qo_indptr, k, x.base.op_mask, union=union) for x, k in inputs]
+            outs = [x.base.outputs() for x, _ in inputs]
+            row[f"{name} {what}"] = round(time_rotation(
+                [lambda s=s, x=x, o=o: s.verify(x.base.q, x.base.kv_cache, x.base.k_tree, out=o[0], lse=o[1])
+                 for s, (x, _), o in zip(steps, inputs, outs)]), 1)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", default="specs/glm5_dsa_sm120.yaml")
@@ -119,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="compare with the reference first (slower)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--time-limit", type=float, default=None, help="start no new shape after this many seconds")
+    p.add_argument("--anatomy", action="store_true", help="only the time breakdown of the first shapes")
     a = p.parse_args(argv)
     import kgen
 
@@ -140,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
           f"mma {ceilings.mma_tflops:.0f} TFLOP/s")
     print(f"{'B':>3} {'L':>7} {'T':>3} {'shared':>6} {'union':>7} {'floor':>7} {'union us':>9} {'gather us':>9} "
           f"{'x':>5} {'%floor':>6} {'FlashMLA':>9}  notes")
+    if a.anatomy:
+        for shape in SHAPES[:2]:
+            r = anatomy(mod, shape, device=device)
+            result.setdefault("anatomy", []).append(r)
+            path.write_text(json.dumps(result, indent=2))
+            print(r, flush=True)
+        print(f"wrote {path}")
+        return 0
     for shape in SHAPES:
         if a.time_limit and time.perf_counter() - start > a.time_limit:
             result.setdefault("skipped", []).append(list(shape))
