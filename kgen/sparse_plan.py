@@ -29,18 +29,12 @@ def sparse_tiles(c: PlanContext) -> AttentionTiles:
     raise PlanError(f"{c.spec.name}: no mma.sync tiling of the sparse kernels fits {c.arch.name}'s shared memory")
 
 
-def set_bytes(table: int, threads: int) -> int:
-    """Shared memory of the hash set (SlotSet): 8 B an entry, 144 B of counters and scan scratch,
-    and the queue of 4 list entries per thread."""
-    return table * 8 + 144 + 16 * threads
-
-
 def table_entries(c: PlanContext, t: AttentionTiles) -> int:
-    """Entries of the shared-memory hash set, the largest power of two up to MAX_TABLE whose set
-    fits the KV ring."""
+    """Entries of the shared-memory hash set (SlotSet: 8 B each and 136 B of counters), the
+    largest power of two up to MAX_TABLE that fits the KV ring."""
     ring = t.stages * t.bn * (c.spec.model.head_dim * (1 if c.spec.cache.kv_dtype == "float8_e4m3fn" else 2) + 16)
     table = MAX_TABLE
-    while set_bytes(table, t.threads) > ring:
+    while table * 8 + 136 > ring:
         table //= 2
     if table < 1024:
         raise PlanError(f"{c.spec.name}: the sparse hash set needs at least 1024 entries in the KV ring "

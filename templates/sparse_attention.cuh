@@ -162,30 +162,26 @@ struct SlotFilter {
 };
 
 // The shared-memory hash set of a union round: `size` slots (-1 = empty) and masks, then the
-// count of slots inserted, the overflow flag and the queue's counts, 32 ints of scan scratch, and
-// a queue of QUEUE list entries that pass the round's filter (inserted from there by all threads
-// at once). The layout is TABLE's; a round uses `size` <= TABLE entries (a power of two), picked
-// for the split's expected share of keys, so clearing and compacting it costs what it needs.
-template <int TABLE, int THREADS_>
+// count of slots inserted and the overflow flag, then 32 ints of scan scratch. The layout is
+// TABLE's; a round uses `size` <= TABLE entries (a power of two), picked for the split's
+// expected share of keys, so clearing and compacting it costs what the split needs.
+template <int TABLE>
 struct SlotSet {
-    static constexpr int THREADS = THREADS_;
-    static constexpr int QUEUE = 4 * THREADS;  // list entries scanned per chunk: 4 loads in flight per thread
     static constexpr int CAP = TABLE / 2;      // keys of a list at most (the lists scratch per CTA)
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
-    static constexpr int BYTES = TABLE * 8 + 36 * 4 + QUEUE * 4;
+    static constexpr int BYTES = TABLE * 8 + 34 * 4;
     static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
     int* keys;
     unsigned* masks;
-    int* count;  // [0] inserted, [1] overflow, [2], [3] entries queued by even and odd chunks
+    int* count;  // [0] inserted, [1] overflow
     int* scan;
-    int* queue;
     int size, bits;
 
     __device__ __forceinline__ static SlotSet at(char* smem, int size) {
         int* keys = reinterpret_cast<int*>(smem);
         unsigned* masks = reinterpret_cast<unsigned*>(keys + TABLE);
         int* count = reinterpret_cast<int*>(masks + TABLE);
-        return {keys, masks, count, count + 4, count + 36, size, __ffs(size) - 1};
+        return {keys, masks, count, count + 2, size, __ffs(size) - 1};
     }
 
     __device__ __forceinline__ void clear() const {
@@ -193,7 +189,7 @@ struct SlotSet {
             keys[i] = -1;
             masks[i] = 0u;
         }
-        if (threadIdx.x < 4) count[threadIdx.x] = 0;
+        if (threadIdx.x < 2) count[threadIdx.x] = 0;
     }
 
     // Add `bit` to slot's mask, inserting the slot if new; once size / 2 slots are in, new slots
@@ -239,11 +235,11 @@ struct SlotSet {
 
 // The set size a split starts with: room for twice its expected entries (E / S of them hash to
 // it), which no distinct count reaches short of a skewed hash.
-template <class Set>
-__device__ __forceinline__ int initial_set_size(int entries, int splits, int table) {
+template <int TABLE>
+__device__ __forceinline__ int initial_set_size(int entries, int splits) {
     const int want = 4 * ((entries + splits - 1) / splits);
-    int size = Set::MIN_SIZE;
-    while (size < want && size < table) size *= 2;
+    int size = SlotSet<TABLE>::MIN_SIZE;
+    while (size < want && size < TABLE) size *= 2;
     return size;
 }
 
@@ -260,48 +256,30 @@ __device__ __forceinline__ bool listed(int slot, long long num_slots, int valida
 
 // Union round: the tile's tokens' entries (tokens x width ints at `lists`) whose slot passes
 // `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
-// overflowed (nothing of it may be used). The entries are scanned QUEUE at a time: each warp
-// appends the ones that pass to the queue (one atomic per warp), then every thread inserts
-// queued ones, so the few that pass do not serialize a warp's scan. Not inlined, as
-// find_sparse_item: it runs once per round, and inlined its temporaries spilled the sm_120 kernel.
-template <class Set>
-__device__ __noinline__ int build_union(const Set set, const int* lists, int tokens, int width,
+// overflowed (nothing of it may be used). Not inlined, as find_sparse_item: it runs once per
+// round, and inlined its temporaries spilled the sm_120 kernel at its register cap.
+template <int TABLE>
+__device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lists, int tokens, int width,
                                         const SlotFilter filter, const KeyList list, const SparseArgs a) {
-    const int lane = threadIdx.x % 32;
+    constexpr int LOADS = 8;  // entries a thread has in flight: the scan is a few L2 latencies, not one per entry
     set.clear();
     __syncthreads();
     const int entries = tokens * width;
-    // Chunk c counts its queue in count[2 + c % 2]; the other counter is reset meanwhile (its
-    // readers are past the barrier that ended chunk c - 1).
-    for (int base = 0, c = 0; base < entries; base += Set::QUEUE, ++c) {
-        constexpr int LOADS = Set::QUEUE / Set::THREADS;
-        int* queued = set.count + 2 + c % 2;
-        int slots[LOADS];
+    for (int e0 = threadIdx.x; e0 < entries; e0 += LOADS * blockDim.x) {
+        int slot[LOADS];
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
-            const int e = base + u * Set::THREADS + threadIdx.x;
-            slots[u] = e < entries ? __ldg(lists + e) : -1;
+            const int e = e0 + u * blockDim.x;
+            slot[u] = e < entries ? __ldg(lists + e) : -1;
         }
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
-            const int e = base + u * Set::THREADS + threadIdx.x, slot = slots[u];
-            const bool pass = listed(slot, a.num_slots, a.validate, a.error_flag) &&
-                              filter(mix32(static_cast<unsigned>(slot)));
-            const unsigned ballot = __ballot_sync(0xffffffffu, pass);
-            if (!ballot) continue;  // warp-uniform
-            int at = 0;
-            if (lane == 0) at = atomicAdd(queued, __popc(ballot));
-            at = __shfl_sync(0xffffffffu, at, 0) + __popc(ballot & ((1u << lane) - 1));
-            if (pass) set.queue[at] = e;
+            if (!listed(slot[u], a.num_slots, a.validate, a.error_flag)) continue;
+            const unsigned h = mix32(static_cast<unsigned>(slot[u]));
+            if (filter(h)) set.insert(slot[u], h, 1u << ((e0 + u * blockDim.x) / width));
         }
-        __syncthreads();
-        if (threadIdx.x == 0) set.count[2 + (c + 1) % 2] = 0;
-        for (int i = threadIdx.x; i < *queued; i += blockDim.x) {
-            const int e = set.queue[i], slot = __ldg(lists + e);
-            set.insert(slot, mix32(static_cast<unsigned>(slot)), 1u << (e / width));
-        }
-        __syncthreads();
     }
+    __syncthreads();
     const bool fits = set.count[1] == 0;
     __syncthreads();  // every thread has read the flag before the next round clears it
     return fits ? set.compact(list) : -1;
@@ -336,8 +314,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                                  const SparseArgs& a, float* part_o, float* part_lse,
                                                  float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
-    using Set = SlotSet<TABLE, C::THREADS>;
-    static_assert(Set::BYTES <= C::KV_BYTES, "the hash set and its queue fit the KV ring");
+    static_assert(SlotSet<TABLE>::BYTES <= C::KV_BYTES, "the hash set fits the KV ring");
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, smem + C::SCRATCH_OFF);
     if (item.b < 0) return;
     const int qo0 = a.qo_indptr[item.b], tokens = min(a.qo_indptr[item.b + 1] - qo0, a.max_nodes);
@@ -347,8 +324,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     const int token0 = row0 / C::HEADS, tile_tokens = (row0 + num_rows - 1) / C::HEADS + 1 - token0;
     const int width = a.topk_width;
     const int* lists = a.topk + (long long)(qo0 + token0) * width;
-    const KeyList list{a.lists + (long long)blockIdx.x * 2 * Set::CAP,
-                       reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * Set::CAP};
+    const KeyList list{a.lists + (long long)blockIdx.x * 2 * SlotSet<TABLE>::CAP,
+                       reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * SlotSet<TABLE>::CAP};
     const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
     const ListVisible<C> visible{list.masks, row0, token0, num_rows};
 
@@ -367,11 +344,11 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     if constexpr (UNION) {
         // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
         // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
-        int size = initial_set_size<Set>(tile_tokens * width, item.splits, TABLE);
+        int size = initial_set_size<TABLE>(tile_tokens * width, item.splits);
         unsigned mod = 1, rem = 0;
         while (true) {
             const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
-            const int n = build_union(Set::at(smem, size), lists, tile_tokens, width, filter, list, a);
+            const int n = build_union(SlotSet<TABLE>::at(smem, size), lists, tile_tokens, width, filter, list, a);
             if (n < 0) {
                 if (size < TABLE) size *= 2;
                 else mod *= 2;
@@ -389,7 +366,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
         const int entries = tile_tokens * width;  // <= 32 x 65536
         const int per = (entries + item.splits - 1) / item.splits;
         const int e0 = min(entries, item.split * per);  // per <= max_chunk = the list's capacity
-        attend_list(build_gather(Set::at(smem, Set::MIN_SIZE).scan, list, lists, width, e0,
+        attend_list(build_gather(SlotSet<TABLE>::at(smem, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
                                  min(entries, e0 + per), a));
     }
     if (item.split == item.splits - 1) {
