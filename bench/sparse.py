@@ -59,7 +59,7 @@ def flashmla_calls(inputs) -> tuple[list | None, str | None]:
 
 def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
     from kgen.sparse_testing import make_sparse_inputs
-    from kgen.testing import assert_close_attention, tolerances
+    from kgen.accuracy import assert_close_attention, tolerances
     from kgen.timing import time_rotation
 
     b, length, t, shared = shape

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, fp8
-from .cache import env_flag
-from .plan import ceil_div
+from . import checks, env, fp8
 from .sparse_plan import MIN_CHUNK, list_capacity
+from .splitkv import ceil_div
 
 _ALIGN = 256
 _BF16 = (torch.bfloat16,)
@@ -29,37 +28,38 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def sparse_grid(mod, num_tokens: int, batch: int, union: bool = True) -> int:
+class SparseKernels:
+    """A module's sparse kernels (its default plan's) and what sizes their launches."""
+
+    def __init__(self, spec, kernels: dict, sm_count: int):
+        self.spec, self.sm_count = spec, sm_count
+        self.union, self.gather, self.combine = (kernels[n] for n in ("sparse_verify_attn", "sparse_gather_attn",
+                                                                      "sparse_combine"))
+        self.bm = self.combine.variant.constants["BM"]
+        self.capacity = list_capacity(self.union.variant.constants["TABLE"])
+        self.target = sm_count * self.union.variant.min_blocks  # one wave of attention CTAs
+
+
+def sparse_grid(k: SparseKernels, num_tokens: int, batch: int, union: bool = True) -> int:
     """An upper bound of the sparse schedule's work items (find_sparse_item). Splits of at least
     ceil(W / target) entries give at most target + sum_b R_b items, sum_b R_b <= ceil(num_tokens *
     H / BM) + batch; the gather kernel's splits of at most one list's capacity make at most
     ceil(E_max / capacity) >= 1 items per row tile, E_max = a row tile's tokens x index_topk entries."""
-    bm = mod.k["sparse_combine"].variant.constants["BM"]
-    row_tiles = ceil_div(num_tokens * mod.spec.model.num_q_heads, bm) + batch
+    row_tiles = ceil_div(num_tokens * k.spec.model.num_q_heads, k.bm) + batch
     if union:
-        return _target(mod) + row_tiles
-    tile_tokens = min(bm, mod.spec.tree.nodes)
-    return _target(mod) + row_tiles * ceil_div(tile_tokens * mod.spec.model.index_topk, _capacity(mod))
+        return k.target + row_tiles
+    tile_tokens = min(k.bm, k.spec.tree.nodes)
+    return k.target + row_tiles * ceil_div(tile_tokens * k.spec.model.index_topk, k.capacity)
 
 
-def _capacity(mod) -> int:
-    return list_capacity(mod.k["sparse_verify_attn"].variant.constants["TABLE"])
-
-
-def _target(mod) -> int:
-    return mod.sm_count * mod.k["sparse_verify_attn"].variant.min_blocks  # one wave of attention CTAs
-
-
-def sparse_workspace_layout(mod, grid: int, batch: int) -> tuple[int, int, int, int]:
+def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[int, int, int, int]:
     """Byte offsets of part_lse, req_meta and the key lists in a workspace (part_o starts it), and
     its size, for `grid` CTAs (a partial state of BM rows and a list of LIST_CAP keys each)."""
-    bm = mod.k["sparse_combine"].variant.constants["BM"]
-    cap = _capacity(mod)
-    rows = grid * bm
-    part_lse = _aligned(rows * mod.spec.model.value_dim * 4)
+    rows = grid * k.bm
+    part_lse = _aligned(rows * k.spec.model.value_dim * 4)
     req_meta = part_lse + _aligned(rows * 4)
     lists = req_meta + _aligned(batch * 16)
-    return part_lse, req_meta, lists, lists + _aligned(grid * 2 * cap * 4)
+    return part_lse, req_meta, lists, lists + _aligned(grid * 2 * k.capacity * 4)
 
 
 class SparseStep:
@@ -67,11 +67,10 @@ class SparseStep:
     union=False runs the per-token-gather variant (each token's list read on its own): the
     internal baseline of the benchmark."""
 
-    def __init__(self, mod, qo_indptr, topk_indices, tree_mask, workspace=None, union: bool = True):
-        spec, dev = mod.spec, mod.device
-        if not spec.model.sparse:
-            raise ValueError(f"prepare_sparse: spec {spec.name} has no model.index_topk (it is a dense spec)")
-        self._mod, self._device = mod, dev
+    def __init__(self, kernels: SparseKernels, state, qo_indptr, topk_indices, tree_mask, workspace=None,
+                 union: bool = True):
+        spec, dev = kernels.spec, state.device
+        self._state, self._device, self._spec = state, dev, spec
         self.qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
         self.batch = batch = self.qo_indptr.numel() - 1
         self.topk_indices = checks.tensor("topk_indices", topk_indices, dtype=torch.int32, device=dev, ndim=2)
@@ -80,10 +79,10 @@ class SparseStep:
             raise ValueError(f"topk_indices: {width} entries per row exceed the spec's index_topk "
                              f"{spec.model.index_topk}")
         self.tree_mask = self._check_tree(spec, tree_mask)
-        self.validate = env_flag("KGEN_VALIDATE")
-        self.grid = sparse_grid(mod, self.num_tokens, batch, union)
+        self.validate = env.flag("KGEN_VALIDATE")
+        self.grid = sparse_grid(kernels, self.num_tokens, batch, union)
         self._empty = self.num_tokens == 0 or batch == 0
-        part_lse, req_meta, lists, size = sparse_workspace_layout(mod, self.grid, batch)
+        part_lse, req_meta, lists, size = sparse_workspace_layout(kernels, self.grid, batch)
         if workspace is None:
             workspace = torch.empty(0 if self._empty else size, dtype=torch.uint8, device=dev)
         else:
@@ -100,14 +99,15 @@ class SparseStep:
         self._kv_fp8 = spec.cache.kv_dtype == "float8_e4m3fn"
         self._kv_dtypes = (fp8.E4M3,) if self._kv_fp8 else _BF16
         self._tree_dtypes = (torch.bfloat16, fp8.E4M3) if self._kv_fp8 else _BF16
-        self._kernel = mod.k["sparse_verify_attn" if union else "sparse_gather_attn"]
+        self._kernel = kernels.union if union else kernels.gather
         self._block = self._kernel.layout.pack(
             q=None, kv_cache=None, kv_scale=1.0, k_tree=None, tree_mask=self.tree_mask, qo_indptr=self.qo_indptr,
-            topk_indices=self.topk_indices, topk_width=width, batch=batch, target_ctas=_target(mod),
-            min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else _capacity(mod), max_nodes=spec.tree.nodes, total_tokens=self.num_tokens,
-            validate=int(self.validate), error_flag=mod.error_flag, req_meta=base + req_meta, part_o=base,
+            topk_indices=self.topk_indices, topk_width=width, batch=batch, target_ctas=kernels.target,
+            min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else kernels.capacity, max_nodes=spec.tree.nodes,
+            total_tokens=self.num_tokens, validate=int(self.validate), error_flag=state.error_flag,
+            req_meta=base + req_meta, part_o=base,
             part_lse=base + part_lse, lists=base + lists, num_slots=0)
-        self._combine = mod.k["sparse_combine"]
+        self._combine = kernels.combine
         self._combine_block = self._combine.layout.pack(part_o=base, part_lse=base + part_lse,
                                                         qo_indptr=self.qo_indptr, req_meta=base + req_meta,
                                                         batch=batch, o=None, lse=None)
@@ -132,7 +132,7 @@ class SparseStep:
         dev, v = self._device, self._block.values
         v.kv_scale = kv_scale = fp8.check_scale(kv_scale)
         if not self._kv_fp8 and kv_scale != 1.0:
-            raise ValueError(f"kv_scale: {self._mod.spec.name} has a {self._mod.spec.cache.kv_dtype} KV cache; "
+            raise ValueError(f"kv_scale: {self._spec.name} has a {self._spec.cache.kv_dtype} KV cache; "
                              f"kv_scale applies to float8_e4m3fn caches only (got {kv_scale})")
         width = self._q_shape[2]
         v.q = checks.address("q", q, dtypes=_BF16, device=dev, shape=self._q_shape)
@@ -154,12 +154,12 @@ class SparseStep:
             return out, lse
         if self.validate:
             check_distinct(self.topk_indices)
-            self._mod.error_flag.zero_()
-        stream = self._mod.stream()
+            self._state.error_flag.zero_()
+        stream = self._state.stream()
         self._kernel.launch(self.grid, self._block, stream)
         self._combine.launch(self.num_tokens * self._q_shape[1], self._combine_block, stream)
         if self.validate:
-            flag = int(self._mod.error_flag.item())  # KGEN_VALIDATE=1 is a debug mode: the sync is expected
+            flag = int(self._state.error_flag.item())  # KGEN_VALIDATE=1 is a debug mode: the sync is expected
             if flag & 1:
                 raise ValueError("qo_indptr: a request has a negative length or more tree tokens than the spec's "
                                  "max_nodes, or qo_indptr does not run from 0 to the rows of topk_indices "

@@ -16,9 +16,12 @@ from dataclasses import dataclass, replace
 from .arch import Arch, get_arch
 from .build import build_variant
 from .cache import KernelCache
-from .model import DESIGNS, Call, Floor, Item, Prediction, Shape, calibration
-from .plan import KV_BYTES, PlanContext, ceil_div, plan
+from . import kvrows
+from .model import Call, Floor, Item, Prediction, Shape, calibration, tile_work
+from .plan import plan
 from .sparse_plan import MIN_CHUNK, sparse_tiles
+from .splitkv import ceil_div
+from .variant import PlanContext
 from .spec import Spec
 
 L2_BYTES_PER_CLK = 64  # list entries an SM reads from L2 per cycle (an assumption, not fitted)
@@ -44,7 +47,7 @@ def unions(spec: Spec, s: SparseShape, tokens: int) -> int:
 def sparse_floor(spec: Spec, s: SparseShape, arch: Arch) -> Floor:
     """DESIGN §12: the union rows once, or the FLOPs of the listed keys (and the tree), whichever is larger."""
     m, sh = spec.model, s.shape
-    nbytes = sh.B * (unions(spec, s, sh.T) + sh.T) * m.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    nbytes = sh.B * (unions(spec, s, sh.T) + sh.T) * kvrows.row_bytes(spec)
     flops = 2 * sh.B * sh.T * sh.H * (min(m.index_topk, sh.L) + sh.T) * (m.head_dim + m.value_dim)
     rate = arch.mma_fp8_tflops if spec.cache.mma_type == "e4m3" and arch.mma_fp8_tflops else arch.mma_bf16_tflops
     return Floor(nbytes, flops, nbytes / (arch.dram_gbps * 1e9) * 1e6, flops / (rate * 1e12) * 1e6)
@@ -65,12 +68,12 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     chunk = max(MIN_CHUNK, ceil_div(sh.B * row_tiles * entries, slots))
     splits = max(1, ceil_div(entries, chunk))
     keys = unions(spec, s, tile_tokens) / splits  # a row tile's share of its split
-    request_bytes = unions(spec, s, sh.T) / splits * spec.model.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    request_bytes = unions(spec, s, sh.T) / splits * kvrows.row_bytes(spec)
     items = []
     for split in range(splits):
         tiles = max(1, ceil_div(round(keys), bn) + (ceil_div(sh.T, bn) if split == splits - 1 else 0))
         items += [Item(tiles, request_bytes / row_tiles / tiles)] * row_tiles
-    work = DESIGNS["mma_sync_rowblocks"](p, arch)
+    work = tile_work(p, arch)
     combine = build_variant(p.variant("lse_combine"), arch.name, KernelCache())
     call = Call(spec, sh, arch, p, work, tuple(items * sh.B), splits, arch.sm_count * combine.occupancy.ctas_per_sm)
     cal = calibration()

@@ -1,4 +1,4 @@
-"""Sparse (DSA) test inputs: verify inputs (kgen.testing) plus top-k lists shaped like an indexer's.
+"""Sparse (DSA) test inputs: verify inputs (kgen.inputs) plus top-k lists shaped like an indexer's.
 
 A tree's tokens sit at the same position and share most of their top-k picks: each request's
 lists hold a shared part (attention sinks, a recent window, common picks) and per-token picks,
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import reference
-from .testing import Dims, VerifyInputs, fresh_seed, make_verify_inputs
+from .inputs import Dims, VerifyInputs, fresh_seed, make_verify_inputs
 
 SINKS = 4  # leading prefix tokens every list keeps
 

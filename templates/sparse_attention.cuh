@@ -48,12 +48,13 @@ struct SparseItem {
 // positive) keeps them within one wave of target_ctas CTAs whatever the batch (else slots =
 // target_ctas); the gather kernel caps a split at one list's capacity. Items are ordered as the
 // dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first item,
-// S_b, 0, R_b) for the combine kernel. Every thread calls it; `scratch` is 400 bytes.
+// S_b, 0, R_b) for the combine kernel. Every thread calls it; `scratch` is SCHEDULE_SCRATCH_BYTES.
 template <int HEADS, int BM>
 __device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* scratch) {
-    int* scan = static_cast<int*>(scratch);
-    unsigned long long* sums = reinterpret_cast<unsigned long long*>(scan + 32);
-    int* found = scan + 96;
+    ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
+    int* scan = sc->scan;
+    unsigned long long* sums = sc->sums;
+    int* found = sc->found;
     const bool report = a.validate && blockIdx.x == 0;
     if (threadIdx.x == 0) {
         found[0] = -1;
@@ -314,8 +315,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                                  const SparseArgs& a, float* part_o, float* part_lse,
                                                  float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
-    static_assert(SlotSet<TABLE>::BYTES <= C::KV_BYTES, "the hash set fits the KV ring");
-    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, smem + C::SCRATCH_OFF);
+    static_assert(SlotSet<TABLE>::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
+    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const int qo0 = a.qo_indptr[item.b], tokens = min(a.qo_indptr[item.b + 1] - qo0, a.max_nodes);
     const ItemRows r{qo0, tokens, (long long)qo0 * C::HEADS + item.row_tile * C::BM,

@@ -19,7 +19,8 @@ from kgen.sparse import check_distinct
 from kgen.sparse_plan import MAX_TABLE, list_capacity
 from kgen.sparse_testing import indexer_lists, make_sparse_inputs, prefix_slots
 from kgen.spec import parse_spec
-from kgen.testing import Dims, assert_close_attention
+from kgen.accuracy import assert_close_attention
+from kgen.inputs import Dims
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "specs" / "glm5_dsa_sm120.yaml"
@@ -239,7 +240,7 @@ def test_the_grid_bound_holds_every_item_of_the_sparse_schedule(seed):
     import random
     from types import SimpleNamespace
 
-    from kgen.sparse import UNBOUNDED, sparse_grid
+    from kgen.sparse import UNBOUNDED, SparseKernels, sparse_grid
     from kgen.sparse_plan import MIN_CHUNK
 
     rng = random.Random(seed)
@@ -249,13 +250,14 @@ def test_the_grid_bound_holds_every_item_of_the_sparse_schedule(seed):
         spec = parse_spec(data)
         p = plan(spec)
         table, bm = p.variant("sparse_verify_attn").constants["TABLE"], p.variant("sparse_combine").constants["BM"]
-        kernels = {name: SimpleNamespace(variant=p.variant(name)) for name in ("sparse_verify_attn", "sparse_combine")}
+        kernels = SparseKernels(spec, {name: SimpleNamespace(variant=p.variant(name)) for name in
+                                       ("sparse_verify_attn", "sparse_gather_attn", "sparse_combine")}, 0)
         for _ in range(300):
             batch = rng.choice([1, 2, 7, 64])
             tokens = [rng.choice([0, 1, nodes, rng.randint(0, nodes)]) for _ in range(batch)]
             width = rng.choice([0, 1, topk, rng.randint(1, topk)])
             sm = rng.choice([132, 188])
-            mod = SimpleNamespace(spec=spec, sm_count=sm, k=kernels)
+            kernels.sm_count, kernels.target = sm, sm  # min_blocks 1: one wave is one CTA per SM
             tile_tokens = bm // heads if bm % heads == 0 else (bm - 1) // heads + 2
             rows = [-(-t * heads // bm) for t in tokens]
             entries = [min(t, tile_tokens) * width for t in tokens]
@@ -264,4 +266,4 @@ def test_the_grid_bound_holds_every_item_of_the_sparse_schedule(seed):
             for union, cap in ((True, UNBOUNDED), (False, list_capacity(table))):
                 chunk = min(cap, max(MIN_CHUNK, -(-work // slots)))
                 items = sum(r * max(1, -(-e // chunk)) for r, e in zip(rows, entries))
-                assert items <= sparse_grid(mod, sum(tokens), batch, union), (heads, tokens, width, union)
+                assert items <= sparse_grid(kernels, sum(tokens), batch, union), (heads, tokens, width, union)

@@ -16,7 +16,8 @@ import yaml
 import kgen
 from kgen.sparse_testing import SparseInputs, make_sparse_inputs
 from kgen.spec import parse_spec
-from kgen.testing import Dims, assert_all_written, assert_close_attention, poison_, tolerances
+from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
+from kgen.inputs import Dims, poison_
 from kgen.timing import capture
 
 from conftest import SPEC_DIR
