@@ -267,3 +267,66 @@ def test_the_grid_bound_holds_every_item_of_the_sparse_schedule(seed):
                 chunk = min(cap, max(MIN_CHUNK, -(-work // slots)))
                 items = sum(r * max(1, -(-e // chunk)) for r, e in zip(rows, entries))
                 assert items <= sparse_grid(kernels, sum(tokens), batch, union), (heads, tokens, width, union)
+
+
+# ---- the sparse step's launches, on the CPU (stand-in kernels decode each launch's arguments) ----
+
+def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(seed):
+    from test_step import ptr, stub_module
+
+    from kgen.sparse import UNBOUNDED, sparse_workspace_layout
+
+    mod = stub_module("glm5_dsa_sm120", sm_count=132)
+    x = make_sparse_inputs(mod.spec, [5, 16, 0, 2], [300, 4000, 10, 0], 512, holes=0.1, generator=gen(seed))
+    b = x.base
+    out, lse = b.outputs()
+    for union in (True, False):
+        mod.launches.clear()
+        step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask, union=union)
+        step.verify(b.q, b.kv_cache, b.k_tree, out=out, lse=lse)
+        assert [name for name, *_ in mod.launches] == [("sparse_verify_attn" if union else "sparse_gather_attn"),
+                                                       "sparse_combine"]
+        (_, grid, _, attn), (_, combine_grid, _, combine) = mod.launches
+        tokens, batch, heads = b.q.shape[0], 4, mod.spec.model.num_q_heads
+        row_tiles = -(-tokens * heads // 32) + batch  # the rule: one wave plus a CTA per row tile a request starts
+        cap = 4096
+        assert grid == (132 + row_tiles if union else 132 + row_tiles * -(-min(32, 64) * 2048 // cap))
+        assert combine_grid == tokens * heads
+        base = step.workspace.data_ptr()
+        off_lse, off_meta, off_lists, size = sparse_workspace_layout(mod._sparse, grid, batch)
+        assert step.workspace.numel() == size and off_lists - off_meta >= batch * 16
+        assert attn == dict(q=ptr(b.q), kv_cache=ptr(b.kv_cache), kv_scale=1.0, k_tree=ptr(b.k_tree),
+                            tree_mask=ptr(b.tree_mask), qo_indptr=ptr(b.qo_indptr), topk_indices=ptr(x.topk_indices),
+                            topk_width=512, batch=batch, target_ctas=132, min_chunk=64,
+                            max_chunk=UNBOUNDED if union else cap, max_nodes=64, total_tokens=tokens, validate=0,
+                            error_flag=ptr(mod.state.error_flag), req_meta=base + off_meta, part_o=base,
+                            part_lse=base + off_lse, lists=base + off_lists, num_slots=b.kv_cache.shape[0])
+        assert combine == dict(part_o=base, part_lse=base + off_lse, qo_indptr=ptr(b.qo_indptr),
+                               req_meta=base + off_meta, batch=batch, o=ptr(out), lse=ptr(lse))
+
+
+def test_sparse_arguments_are_checked_before_any_launch(seed):
+    from test_step import stub_module
+
+    mod = stub_module("glm5_dsa_sm120")
+    x = make_sparse_inputs(mod.spec, [4], [300], 64, generator=gen(seed))
+    q, cache, k_tree, qo, topk, mask = x.args()
+    cases = [
+        (TypeError, "topk_indices: expected dtype torch.int32", lambda: mod.prepare_sparse(qo, topk.long(), mask)),
+        (ValueError, "index_topk 2048", lambda: mod.prepare_sparse(qo, torch.zeros(4, 2049, dtype=torch.int32), mask)),
+        (ValueError, "tree_mask: expected size 4 in dim 0", lambda: mod.prepare_sparse(qo, topk, mask[:3])),
+        (ValueError, "tree_mask: 1 int32 words per row are narrower", lambda: mod.prepare_sparse(qo, topk, mask[:, :1])),
+        (ValueError, "q: expected size 4 in dim 0",
+         lambda: mod.sparse_verify_attention(q[:3], cache, k_tree, qo, topk, mask)),
+        (ValueError, "kv_scale", lambda: mod.sparse_verify_attention(q, cache, k_tree, qo, topk, mask, kv_scale=2.0)),
+        (TypeError, "kv_cache: expected dtype torch.bfloat16",
+         lambda: mod.sparse_verify_attention(q, cache.float(), k_tree, qo, topk, mask)),
+    ]
+    for error, words, call in cases:
+        mod.launches.clear()
+        with pytest.raises(error, match=words):
+            call()
+        assert mod.launches == []
+    dense = stub_module("glm5_sm120")
+    with pytest.raises(ValueError, match="glm5_sm120 has no model.index_topk"):
+        dense.prepare_sparse(qo, topk, mask)
