@@ -139,7 +139,8 @@ def show_cmd(
            "threads": p.tiles.threads, **p.budget,
            "kernels": report.show_kernel_rows(built),
            "buckets": report.bucket_rows(tuned, buckets()) if tuned else [],
-           "model": report.model_rows(times) if times is not None else None}
+           "model": report.model_rows(times) if times is not None else None,
+           "sparse": report.sparse_rows(spec) if spec.model.sparse else None}
     if as_json:
         print(json.dumps(out, indent=2))
         return
@@ -158,6 +159,8 @@ def show_cmd(
               f"plan (kgen tune writes one)")
     report.print_buckets(console, out["buckets"], source)
     console.print()
+    if spec.model.sparse:
+        _print_sparse(spec, p, out["sparse"])
     if times is None:
         say(f"modeled time: none for this plan. The performance model (kgen/model.py) covers the "
             f"{', '.join(d.name for d in designs.DESIGNS if d.modeled)} loop and {a.name}'s plan runs the "
@@ -169,6 +172,19 @@ def show_cmd(
         f"the H200 (kgen/model.py); {validation()}. Floor = max(bytes / {a.dram_gbps:.0f} GB/s, FLOPs / the MMA "
         f"rate), FLOPs = 2·ΣT·H·(L+T)·(D+Dv); page size {spec.cache.page_size}.")
     report.print_model(console, out["model"])
+
+
+def _print_sparse(spec, p, rows: list[dict]) -> None:
+    """A sparse spec's kernels (their tiling and hash set) and the modeled sm_120 time of its shapes."""
+    v = p.variant("sparse_verify_attn")
+    config = v.constants["CONFIG"].splitlines()[-1].removeprefix("using Cfg = ").rstrip(";")
+    console.print(f"sparse (DSA) verify, index_topk {spec.model.index_topk}: sparse_verify_attn (each row tile's union "
+                  f"of its tokens' lists) and sparse_gather_attn (per-token gather), {config}, {v.smem_bytes} B "
+                  f"shared memory, a {v.constants['TABLE']}-entry hash set in the KV ring. MODEL, not a measurement: "
+                  f"sm_120 time of the sparse schedule's items on the dense tile loop (kgen/sparse_model.py), "
+                  f"lists sharing `shared` of K per request; floor = union rows once (DESIGN §12).", markup=False)
+    report.print_sparse(console, rows)
+    console.print()
 
 
 @cache_app.command("info")

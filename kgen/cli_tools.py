@@ -88,7 +88,8 @@ def bench_cmd(
     out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
 ) -> None:
     """(GPU) Benchmark SPEC: the two ceilings, the benchmark grid (docs/design.md) and SGLang's Triton baseline;
-    a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run."""
+    a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run. A sparse spec
+    (model.index_topk) runs python -m bench.sparse instead: union vs per-token gather on indexer-shaped lists."""
     # bench/ lives next to the package in a checkout, not inside the wheel
     for root in (Path(__file__).resolve().parents[1], Path.cwd()):
         if (root / "bench" / "run.py").is_file() and str(root) not in sys.path:
@@ -99,6 +100,11 @@ def bench_cmd(
         if not head_counts or not all(head_counts):
             raise KgenError(f"--heads {heads!r}: give comma-separated head counts >= 1, e.g. 8,16")
         writable_dir(out)
+        if load_spec(spec_path).model.sparse:  # sparse specs have their own benchmark (bench/sparse.py)
+            from bench.sparse import main as sparse_main
+
+            raise typer.Exit(sparse_main(["--spec", str(spec_path), "--out", str(out),
+                                          *(["--time-limit", str(time_limit)] if time_limit else [])]))
         try:
             from bench.run import BenchError, run
         except ImportError as e:

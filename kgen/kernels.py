@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import kvrows
+from . import kvrows, sparse_plan
 from .splitkv import MIN_SPLIT_TILES, Capacity, ceil_div
 from .variant import BF16, PlanContext, Variant, params
 
@@ -99,19 +99,38 @@ class CombineEntry(KernelEntry):
                     batch=step.batch, o=None, lse=None)
 
 
-def _lse_combine(c: PlanContext) -> list[Variant]:
-    """Merges an attention call's split partials (BM rows each) into o and lse."""
+def combine_variant(c: PlanContext, name: str, bm: int) -> Variant:
+    """Merges an attention call's split partials (bm rows each) into o and lse."""
     m = c.spec.model
-    return [Variant(kernel="lse_combine", name="lse_combine", template="lse_combine.cu.j2",
-                    threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
-                    constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": c.tiles.bm},
-                    params=params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
-                                  "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
-                                  "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
-                    tag=c.tag)]
+    return Variant(kernel=name, name=name, template="lse_combine.cu.j2",
+                   threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
+                   constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": bm},
+                   params=params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
+                                 "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
+                                 "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
+                   tag=c.tag)
+
+
+def _lse_combine(c: PlanContext) -> list[Variant]:
+    return [combine_variant(c, "lse_combine", c.tiles.bm)]
 
 
 COMBINE = CombineEntry("lse_combine", "verify_attention, prefix_attention, tree_attention", _lse_combine)
+
+
+# ---- sparse (DSA) verify: specs with model.index_topk (kgen/sparse_plan.py, kgen/sparse.py) --------
+
+def _sparse_attn(c: PlanContext) -> list[Variant]:
+    return sparse_plan.sparse_variants(c)
+
+
+def _sparse_combine(c: PlanContext) -> list[Variant]:
+    return [combine_variant(c, "sparse_combine", sparse_plan.sparse_bm(c))] if c.spec.model.sparse else []
+
+
+# The sparse step (kgen/sparse.py) packs their argument blocks.
+SPARSE = KernelEntry("sparse_attn", "sparse_verify_attention", _sparse_attn)
+SPARSE_COMBINE = CombineEntry("sparse_combine", "sparse_verify_attention", _sparse_combine)
 
 
 # ---- merge_states and defrag: grid-stride kernels --------------------------------------------------
@@ -157,4 +176,4 @@ MERGE = GridStrideEntry("lse_merge", "merge_states", _lse_merge, ctas_per_sm=MER
 DEFRAG = GridStrideEntry("kv_defrag", "defrag", _kv_defrag, ctas_per_sm=DEFRAG_CTAS_PER_SM)
 
 # The registry, in the order of a plan's variants (and generated/ manifests).
-ENTRIES: tuple[KernelEntry, ...] = (MERGE, DEFRAG, PREFIX, VERIFY, TREE, COMBINE)
+ENTRIES: tuple[KernelEntry, ...] = (MERGE, DEFRAG, PREFIX, VERIFY, TREE, COMBINE, SPARSE, SPARSE_COMBINE)

@@ -102,6 +102,18 @@ def tree_attention(q: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tenso
     return module_for(spec_name, q.device).tree_attention(q, k_tree, qo_indptr, tree_mask, kv_scale=kv_scale)
 
 
+def _sparse_verify_attention_fake(q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, spec_name, kv_scale=1.0):
+    return _outputs_like(q, spec_name)
+
+
+@_op(_sparse_verify_attention_fake)
+def sparse_verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, k_tree: torch.Tensor, qo_indptr: torch.Tensor,
+                            topk_indices: torch.Tensor, tree_mask: torch.Tensor | None, spec_name: str,
+                            kv_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    return module_for(spec_name, q.device).sparse_verify_attention(q, kv_cache, k_tree, qo_indptr, topk_indices,
+                                                                   tree_mask, kv_scale=kv_scale)
+
+
 def _merge_states_fake(o_a, lse_a, o_b, lse_b, spec_name):
     return torch.empty_like(o_a), torch.empty_like(lse_a)
 

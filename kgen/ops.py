@@ -22,6 +22,7 @@ from .kernels import DEFRAG
 from .loading import LoadedPlans, load, resolve_device, target_of
 from .merge import merge_states
 from .runtime import current_stream
+from .sparse import SparseKernels, SparseStep, sparse_grid, sparse_workspace_layout
 from .spec import Spec
 from .step import Step, StepContext
 
@@ -55,6 +56,10 @@ class Module:
         # merge and defrag kernels do not depend on the tiling: the default plan's serve every batch
         self._kernels = loaded.kernels[choice.default]
         self._defrag = Defrag(self._kernels[DEFRAG.name], loaded.target.sm_count, state.device)
+        self._state = state
+        # a sparse spec's kernels: the default plan's (tuned tables do not choose among sparse tilings)
+        self._sparse = SparseKernels(loaded.spec, self._kernels, loaded.target.sm_count) if self.spec.model.sparse \
+            else None
 
     # ---- attention -------------------------------------------------------------------------
 
@@ -94,6 +99,30 @@ class Module:
         """Prefix + tree attention of every tree token: merge(prefix_attention, tree_attention)."""
         step = self.prepare(qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens=self._rows(q))
         return step.verify(q, kv_cache, k_tree, kv_scale=kv_scale, out=out, lse=lse)
+
+    # Sparse (DSA) verify, DESIGN §12 (kgen/sparse.py): specs with model.index_topk.
+
+    def prepare_sparse(self, qo_indptr, topk_indices, tree_mask=None, *, workspace: torch.Tensor | None = None,
+                       union: bool = True) -> SparseStep:
+        """Check one batch's top-k lists (and tree masks) and allocate its scratch once; then run
+        each layer with step.verify(q, kv_cache, k_tree). union=False: the per-token-gather variant."""
+        return SparseStep(self._sparse_kernels(), self._state, qo_indptr, topk_indices, tree_mask, workspace, union)
+
+    def sparse_workspace_bytes(self, num_tokens: int, batch: int, union: bool = True) -> int:
+        """Scratch bytes of a sparse step with `num_tokens` tree tokens in `batch` requests."""
+        k = self._sparse_kernels()
+        return sparse_workspace_layout(k, sparse_grid(k, num_tokens, batch, union), batch)[3]
+
+    def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, *, kv_scale=1.0,
+                                out=None, lse=None):
+        """Each tree token over its listed prefix slots and its visible tree tokens, one softmax."""
+        step = self.prepare_sparse(qo_indptr, topk_indices, tree_mask)
+        return step.verify(q, kv_cache, k_tree, kv_scale=kv_scale, out=out, lse=lse)
+
+    def _sparse_kernels(self) -> SparseKernels:
+        if self._sparse is None:
+            raise ValueError(f"prepare_sparse: spec {self.spec.name} has no model.index_topk (it is a dense spec)")
+        return self._sparse
 
     def _rows(self, q) -> int:
         """The rows of a one-shot op's q (the step checks q again, as the layer's query)."""

@@ -111,6 +111,31 @@ def verify_attention_ref(q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, 
                       prefix=(kv_cache, kv_indptr, kv_indices, kv_lens, page_size, kv_scale), tree=(k_tree, tree_mask))
 
 
+def sparse_verify_attention_ref(q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, scale, value_dim=512,
+                                kv_scale=1.0):
+    """DESIGN §12: token i attends the cache slots row i of topk_indices lists (entries >= 0; -1 is
+    no key) plus the tree tokens of its request its mask row shows, in one softmax. A cache row
+    means its values * kv_scale."""
+    sum_t, h, _ = q.shape
+    o = torch.zeros(sum_t, h, value_dim, dtype=torch.float64, device=q.device)
+    lse = torch.full((sum_t, h), float("-inf"), dtype=torch.float64, device=q.device)
+    cache = kv_cache.reshape(kv_cache.shape[0], -1)
+    lists, k_tree, tree_mask = (t.to(q.device) for t in (topk_indices, k_tree, tree_mask))
+    qo = qo_indptr.tolist()
+    for b in range(len(qo) - 1):
+        s, e = qo[b], qo[b + 1]
+        rows = lists[s:e].long()
+        listed = rows >= 0
+        slots = torch.unique(rows[listed])  # sorted: the request's union of lists
+        seen = torch.zeros(e - s, slots.numel(), dtype=torch.bool, device=q.device)
+        token = torch.arange(e - s, device=q.device).unsqueeze(1).expand_as(rows)
+        seen[token[listed], torch.searchsorted(slots, rows[listed])] = True
+        keys = torch.cat([cache[slots.to(cache.device)].to(q.device).double() * kv_scale, k_tree[s:e].double()])
+        visible = torch.cat([seen, tree_visibility(tree_mask[s:e], e - s)], dim=1)
+        o[s:e], lse[s:e] = attend(q[s:e], keys, visible, scale, value_dim)
+    return o, lse
+
+
 def merge_states_ref(o_a, lse_a, o_b, lse_b):
     """Combine two attention states of the same rows as if their key sets were united.
     A state with lse = -inf contributes nothing (its o is ignored, whatever it holds)."""

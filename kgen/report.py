@@ -160,6 +160,25 @@ def print_model(console: Console, rows: list[dict]) -> None:
                         [[r[k] for k in keys] for r in rows], left=("binding",)))
 
 
+def sparse_rows(spec) -> list[dict]:
+    """A sparse spec's modeled sm_120 calls (kgen/sparse_model.py) over its show shapes."""
+    from .sparse_model import predict_sparse, show_shapes, unions  # local: only sparse specs need it
+
+    rows = []
+    for s in show_shapes(spec):
+        m, sh = predict_sparse(spec, s, "sm_120"), s.shape
+        rows.append({"H": sh.H, "T": sh.T, "L": sh.L, "B": sh.B, "shared": s.shared,
+                     "union_rows": sh.B * unions(spec, s, sh.T), "floor_us": round(m.floor.us, 1),
+                     "model_us": round(m.us, 1), "pct_floor": round(m.pct_floor, 1), "binding": m.binding})
+    return rows
+
+
+def print_sparse(console: Console, rows: list[dict]) -> None:
+    keys = ("H", "T", "L", "B", "shared", "union_rows", "floor_us", "model_us", "pct_floor", "binding")
+    console.print(table(["H", "T", "L", "B", "shared", "union rows", "floor µs", "model µs", "% floor", "binding"],
+                        [[f"{r[k]:.0%}" if k == "shared" else r[k] for k in keys] for r in rows], left=("binding",)))
+
+
 # ---- kgen tune --arch (the model's ranking) ----
 
 def ranking(spec, arch) -> dict:

@@ -18,6 +18,7 @@ from .arch import ARCHS
 from .errors import SpecError
 
 MAX_TREE_NODES = 1024
+MAX_INDEX_TOPK = 1 << 16
 KV_DTYPES = ("bfloat16", "float8_e4m3fn")  # fp8: value = stored e4m3 * a per-tensor kv_scale
 # MMA precision of an fp8 cache (docs/fp8.md): "f16" converts K/V exactly to f16 and keeps Q and P
 # in f16 (only the cache's rounding remains); "e4m3" also rounds Q (scaled per row) and P to e4m3
@@ -42,6 +43,9 @@ class ModelSpec(_Strict):
     kv_lora_rank: int = Field(ge=64, le=1024)
     qk_rope_head_dim: int = Field(ge=64, le=256)
     softmax_scale: float = Field(gt=0)
+    # DSA (DeepSeek sparse attention): each query token attends the index_topk prefix tokens its
+    # indexer lists (GLM-5: 2048), plus its tree (DESIGN §12); absent = dense attention.
+    index_topk: int | None = Field(default=None, ge=1, le=MAX_INDEX_TOPK)
 
     @field_validator("kv_lora_rank", "qk_rope_head_dim")
     @classmethod
@@ -66,6 +70,10 @@ class ModelSpec(_Strict):
     @property
     def value_dim(self) -> int:
         return self.kv_lora_rank
+
+    @property
+    def sparse(self) -> bool:
+        return self.index_topk is not None
 
 
 class CacheSpec(_Strict):

@@ -94,8 +94,10 @@ def candidates(spec: Spec, arch: Arch) -> list[Tiles]:
 
 
 def spec_digest(spec: Spec) -> str:
-    """What a table is tuned for: every field of the spec (its name included)."""
-    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+    """What a table is tuned for: every field of the spec (its name included). A dense spec's unset
+    model.index_topk is left out, so tables tuned before sparse specs existed keep their key."""
+    fields = spec.model_dump(mode="json", exclude=None if spec.model.sparse else {"model": {"index_topk"}})
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def table_name(spec: Spec, arch: str) -> str:

@@ -1,0 +1,181 @@
+"""Sparse (DSA) tree verify (DESIGN §12): prepared steps over top-k index lists.
+
+`step = mod.prepare_sparse(qo_indptr, topk_indices, tree_mask)` checks the batch's metadata and
+allocates its scratch once; `step.verify(q, kv_cache, k_tree)` runs one layer in two launches
+(sparse attention, combine) with only per-layer checks, no host sync, capturable in a CUDA graph.
+Row i of topk_indices lists the physical slots token i attends (-1 = no key, any order, distinct);
+its keys are those slots plus the tree tokens its mask row shows (templates/sparse_attention.cuh).
+
+As with dense steps (kgen/step.py), a step keeps the metadata tensors' addresses, not their values:
+between calls and graph replays the caller may refill qo_indptr (same B and token count, at most
+max_nodes a request), topk_indices (any slots inside the layer's cache) and tree_mask in place.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import checks, env, fp8
+from .sparse_plan import MIN_CHUNK, list_capacity
+from .splitkv import ceil_div
+
+_ALIGN = 256
+_BF16 = (torch.bfloat16,)
+UNBOUNDED = (1 << 31) - 1  # the union kernel's splits have no size cap: a set that overflows runs in rounds
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+class SparseKernels:
+    """A module's sparse kernels (its default plan's) and what sizes their launches."""
+
+    def __init__(self, spec, kernels: dict, sm_count: int):
+        self.spec, self.sm_count = spec, sm_count
+        self.union, self.gather, self.combine = (kernels[n] for n in ("sparse_verify_attn", "sparse_gather_attn",
+                                                                      "sparse_combine"))
+        self.bm = self.combine.variant.constants["BM"]
+        self.capacity = list_capacity(self.union.variant.constants["TABLE"])
+        self.target = sm_count * self.union.variant.min_blocks  # one wave of attention CTAs
+
+
+def sparse_grid(k: SparseKernels, num_tokens: int, batch: int, union: bool = True) -> int:
+    """An upper bound of the sparse schedule's work items (find_sparse_item). Splits of at least
+    ceil(W / target) entries give at most target + sum_b R_b items, sum_b R_b <= ceil(num_tokens *
+    H / BM) + batch; the gather kernel's splits of at most one list's capacity make at most
+    ceil(E_max / capacity) >= 1 items per row tile, E_max = a row tile's tokens x index_topk entries."""
+    row_tiles = ceil_div(num_tokens * k.spec.model.num_q_heads, k.bm) + batch
+    if union:
+        return k.target + row_tiles
+    tile_tokens = min(k.bm, k.spec.tree.nodes)
+    return k.target + row_tiles * ceil_div(tile_tokens * k.spec.model.index_topk, k.capacity)
+
+
+def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[int, int, int, int]:
+    """Byte offsets of part_lse, req_meta and the key lists in a workspace (part_o starts it), and
+    its size, for `grid` CTAs (a partial state of BM rows and a list of LIST_CAP keys each)."""
+    rows = grid * k.bm
+    part_lse = _aligned(rows * k.spec.model.value_dim * 4)
+    req_meta = part_lse + _aligned(rows * 4)
+    lists = req_meta + _aligned(batch * 16)
+    return part_lse, req_meta, lists, lists + _aligned(grid * 2 * k.capacity * 4)
+
+
+class SparseStep:
+    """One batch of sparse verify, prepared by Module.prepare_sparse; run a layer with verify().
+    union=False runs the per-token-gather variant (each token's list read on its own): the
+    internal baseline of the benchmark."""
+
+    def __init__(self, kernels: SparseKernels, state, qo_indptr, topk_indices, tree_mask, workspace=None,
+                 union: bool = True):
+        spec, dev = kernels.spec, state.device
+        self._state, self._device, self._spec = state, dev, spec
+        self.qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
+        self.batch = batch = self.qo_indptr.numel() - 1
+        self.topk_indices = checks.tensor("topk_indices", topk_indices, dtype=torch.int32, device=dev, ndim=2)
+        self.num_tokens, width = self.topk_indices.shape
+        if width > spec.model.index_topk:
+            raise ValueError(f"topk_indices: {width} entries per row exceed the spec's index_topk "
+                             f"{spec.model.index_topk}")
+        self.tree_mask = self._check_tree(spec, tree_mask)
+        self.validate = env.flag("KGEN_VALIDATE")
+        self.grid = sparse_grid(kernels, self.num_tokens, batch, union)
+        self._empty = self.num_tokens == 0 or batch == 0
+        part_lse, req_meta, lists, size = sparse_workspace_layout(kernels, self.grid, batch)
+        if workspace is None:
+            workspace = torch.empty(0 if self._empty else size, dtype=torch.uint8, device=dev)
+        else:
+            workspace = checks.tensor("workspace", workspace, dtype=torch.uint8, device=dev, ndim=1)
+            if workspace.numel() < size:
+                raise ValueError(f"workspace: this step needs {size} bytes (Module.sparse_workspace_bytes), "
+                                 f"got {workspace.numel()}")
+        self.workspace = workspace
+        base = workspace.data_ptr()
+        m = spec.model
+        self._q_shape = (self.num_tokens, m.num_q_heads, m.head_dim)
+        self._out_shape = (self.num_tokens, m.num_q_heads, m.value_dim)
+        self._lse_shape = (self.num_tokens, m.num_q_heads)
+        self._kv_fp8 = spec.cache.kv_dtype == "float8_e4m3fn"
+        self._kv_dtypes = (fp8.E4M3,) if self._kv_fp8 else _BF16
+        self._tree_dtypes = (torch.bfloat16, fp8.E4M3) if self._kv_fp8 else _BF16
+        self._kernel = kernels.union if union else kernels.gather
+        self._block = self._kernel.layout.pack(
+            q=None, kv_cache=None, kv_scale=1.0, k_tree=None, tree_mask=self.tree_mask, qo_indptr=self.qo_indptr,
+            topk_indices=self.topk_indices, topk_width=width, batch=batch, target_ctas=kernels.target,
+            min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else kernels.capacity, max_nodes=spec.tree.nodes,
+            total_tokens=self.num_tokens, validate=int(self.validate), error_flag=state.error_flag,
+            req_meta=base + req_meta, part_o=base,
+            part_lse=base + part_lse, lists=base + lists, num_slots=0)
+        self._combine = kernels.combine
+        self._combine_block = self._combine.layout.pack(part_o=base, part_lse=base + part_lse,
+                                                        qo_indptr=self.qo_indptr, req_meta=base + req_meta,
+                                                        batch=batch, o=None, lse=None)
+
+    def _check_tree(self, spec, tree_mask):
+        tree = spec.tree
+        if tree.is_static:
+            if tree_mask is not None:
+                raise ValueError(f"tree_mask: spec {spec.name} has a static tree compiled in; pass None")
+            if self.num_tokens != self.batch * tree.nodes:
+                raise ValueError(f"topk_indices: a static tree of {tree.nodes} nodes needs {self.batch} x "
+                                 f"{tree.nodes} rows, got {self.num_tokens}")
+            return None
+        if isinstance(tree_mask, torch.Tensor) and tree_mask.dim() == 2 and tree_mask.shape[1] < tree.mask_words:
+            raise ValueError(f"tree_mask: {tree_mask.shape[1]} int32 words per row are narrower than max_nodes "
+                             f"{tree.nodes} needs ({tree.mask_words})")
+        return checks.tensor("tree_mask", tree_mask, dtype=torch.int32, device=self._device,
+                             shape=(self.num_tokens, tree.mask_words))
+
+    def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
+        """Sparse attention of the batch's tree tokens over their listed slots and trees: (out, lse)."""
+        dev, v = self._device, self._block.values
+        v.kv_scale = kv_scale = fp8.check_scale(kv_scale)
+        if not self._kv_fp8 and kv_scale != 1.0:
+            raise ValueError(f"kv_scale: {self._spec.name} has a {self._spec.cache.kv_dtype} KV cache; "
+                             f"kv_scale applies to float8_e4m3fn caches only (got {kv_scale})")
+        width = self._q_shape[2]
+        v.q = checks.address("q", q, dtypes=_BF16, device=dev, shape=self._q_shape)
+        v.kv_cache, v.num_slots = checks.rows_address("kv_cache", kv_cache, dtypes=self._kv_dtypes, device=dev,
+                                                      width=width)
+        v.k_tree = checks.rows_address("k_tree", k_tree, dtypes=self._tree_dtypes, device=dev, width=width,
+                                       rows=self.num_tokens)[0]
+        if self._kv_fp8 and k_tree.dtype == torch.bfloat16:
+            k_tree = fp8.quantize(k_tree, kv_scale)  # held until the launch has read it
+            v.k_tree = k_tree.data_ptr()
+        if out is None:
+            out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=dev)
+        if lse is None:
+            lse = torch.empty(self._lse_shape, dtype=torch.float32, device=dev)
+        c = self._combine_block.values
+        c.o = checks.address("out", out, dtypes=_BF16, device=dev, shape=self._out_shape)
+        c.lse = checks.address("lse", lse, dtypes=(torch.float32,), device=dev, shape=self._lse_shape)
+        if self._empty:
+            return out, lse
+        if self.validate:
+            check_distinct(self.topk_indices)
+            self._state.error_flag.zero_()
+        stream = self._state.stream()
+        self._kernel.launch(self.grid, self._block, stream)
+        self._combine.launch(self.num_tokens * self._q_shape[1], self._combine_block, stream)
+        if self.validate:
+            flag = int(self._state.error_flag.item())  # KGEN_VALIDATE=1 is a debug mode: the sync is expected
+            if flag & 1:
+                raise ValueError("qo_indptr: a request has a negative length or more tree tokens than the spec's "
+                                 "max_nodes, or qo_indptr does not run from 0 to the rows of topk_indices "
+                                 "(KGEN_VALIDATE)")
+            if flag & 2:
+                raise ValueError("topk_indices: a slot lies outside kv_cache (KGEN_VALIDATE)")
+        return out, lse
+
+
+def check_distinct(topk_indices: torch.Tensor) -> None:
+    """The slots of each row are distinct (-1 aside): raises a ValueError naming the first bad row."""
+    if topk_indices.shape[1] < 2:
+        return
+    s = topk_indices.sort(dim=1).values
+    dup = ((s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)).any(1)
+    if bool(dup.any()):
+        row = int(dup.nonzero()[0, 0])
+        raise ValueError(f"topk_indices: row {row} lists a slot more than once; the slots of a row must be "
+                         f"distinct (KGEN_VALIDATE)")

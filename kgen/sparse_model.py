@@ -1,0 +1,92 @@
+"""The performance model (kgen/model.py) for sparse verify (templates/sparse_attention.cuh).
+
+A sparse call is the mma.sync tile loop over each work item's key list: the items of the sparse
+schedule (find_sparse_item) for B identical requests whose lists share round(shared * K) slots and
+pick the rest on their own (kgen.sparse_testing's indexer shape), so a row tile of n tokens reads
+shared + n * own keys and a request's union is shared + T * own. The row tiles of a split read
+their slices side by side, so DRAM sees each union row once. Each item first builds its list
+(scans its tokens' entries from L2); that build is added to the item's startup. A MODEL, not a
+measurement: the tile loop and the calibration are the dense path's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .arch import Arch, get_arch
+from .build import build_variant
+from .cache import KernelCache
+from . import kvrows
+from .model import Call, Floor, Item, Prediction, Shape, calibration, tile_work
+from .plan import plan
+from .sparse_plan import MIN_CHUNK, sparse_tiles
+from .splitkv import ceil_div
+from .variant import PlanContext
+from .spec import Spec
+
+L2_BYTES_PER_CLK = 64  # list entries an SM reads from L2 per cycle (an assumption, not fitted)
+
+
+@dataclass(frozen=True)
+class SparseShape:
+    shape: Shape  # H, T, L, B, page size
+    shared: float  # fraction of K every token of a request lists
+
+    def label(self) -> str:
+        s = self.shape
+        return f"B={s.B} L={s.L} T={s.T} shared={self.shared:.0%}"
+
+
+def unions(spec: Spec, s: SparseShape, tokens: int) -> int:
+    """Distinct slots `tokens` tokens of one request list (own picks assumed distinct)."""
+    k = min(spec.model.index_topk, s.shape.L)
+    shared = k if s.shape.L <= spec.model.index_topk else round(s.shared * k)
+    return min(s.shape.L, shared + tokens * (k - shared))
+
+
+def sparse_floor(spec: Spec, s: SparseShape, arch: Arch) -> Floor:
+    """DESIGN §12: the union rows once, or the FLOPs of the listed keys (and the tree), whichever is larger."""
+    m, sh = spec.model, s.shape
+    nbytes = sh.B * (unions(spec, s, sh.T) + sh.T) * kvrows.row_bytes(spec)
+    flops = 2 * sh.B * sh.T * sh.H * (min(m.index_topk, sh.L) + sh.T) * (m.head_dim + m.value_dim)
+    rate = arch.mma_fp8_tflops if spec.cache.mma_type == "e4m3" and arch.mma_fp8_tflops else arch.mma_bf16_tflops
+    return Floor(nbytes, flops, nbytes / (arch.dram_gbps * 1e9) * 1e6, flops / (rate * 1e12) * 1e6)
+
+
+def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: str | None = None) -> Prediction:
+    """Modeled time of one sparse_verify_attention call of `s` on `arch` with the plan for `plan_for`."""
+    arch = get_arch(arch) if isinstance(arch, str) else arch
+    base = plan(spec, plan_for)
+    p = plan(spec, base.arch, sparse_tiles(PlanContext(spec, base.arch, base.tiles, "")))
+    sh, bm, bn = s.shape, p.tiles.bm, p.tiles.bn
+    heads, width = spec.model.num_q_heads, min(spec.model.index_topk, sh.L)
+    row_tiles = ceil_div(sh.T * heads, bm)
+    tile_tokens = min(sh.T, bm // heads if bm % heads == 0 else (bm - 1) // heads + 2)
+    entries = tile_tokens * spec.model.index_topk
+    target = arch.sm_count * p.tiles.min_blocks
+    slots = target - sh.B * row_tiles if sh.B * row_tiles < target else target
+    chunk = max(MIN_CHUNK, ceil_div(sh.B * row_tiles * entries, slots))
+    splits = max(1, ceil_div(entries, chunk))
+    keys = unions(spec, s, tile_tokens) / splits  # a row tile's share of its split
+    request_bytes = unions(spec, s, sh.T) / splits * kvrows.row_bytes(spec)
+    items = []
+    for split in range(splits):
+        tiles = max(1, ceil_div(round(keys), bn) + (ceil_div(sh.T, bn) if split == splits - 1 else 0))
+        items += [Item(tiles, request_bytes / row_tiles / tiles)] * row_tiles
+    work = tile_work(p, arch)
+    combine = build_variant(p.variant("lse_combine"), arch.name, KernelCache())
+    call = Call(spec, sh, arch, p, work, tuple(items * sh.B), splits, arch.sm_count * combine.occupancy.ctas_per_sm)
+    cal = calibration()
+    build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3)
+    prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us))
+    return replace(prediction, floor=sparse_floor(spec, s, arch))
+
+
+# The shapes `kgen show` models for a sparse spec: the issue's main shape first.
+def show_shapes(spec: Spec) -> list[SparseShape]:
+    h, p = spec.model.num_q_heads, spec.cache.page_size
+    t = min(16, spec.tree.nodes)
+    return [SparseShape(Shape(h, t, 131072, 1, p), 0.7), SparseShape(Shape(h, t, 131072, 8, p), 0.7),
+            SparseShape(Shape(h, t, 32768, 32, p), 0.7), SparseShape(Shape(h, 1, 131072, 1, p), 0.7),
+            SparseShape(Shape(h, min(64, spec.tree.nodes), 131072, 1, p), 0.5),
+            SparseShape(Shape(h, t, 131072, 1, p), 0.0)]

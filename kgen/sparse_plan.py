@@ -1,0 +1,77 @@
+"""The sparse (DSA) kernels of a spec with model.index_topk (DESIGN §12, templates/sparse_attention.cuh).
+
+Both arch plans run the sparse loop on the mma.sync design (the sm_120 loop; on sm_90 the wgmma
+loop has no sparse variant yet): each CTA builds its key list in a shared-memory hash set that
+lives in the KV ring before the ring is used, so the set's size follows from the tiling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from . import kvrows
+from .designs import mma_sync
+from .designs.mma_sync import MmaSyncTiles
+from .errors import PlanError
+from .variant import BF16, PlanContext, Variant
+
+SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
+MAX_TABLE = 8192  # hash-set entries (8 B each): 4096 keys per round
+MIN_CHUNK = 64  # list entries a split reads at least, so partial states stay a small overhead
+
+
+def sparse_tiles(c: PlanContext) -> MmaSyncTiles:
+    """The mma.sync tiling of the sparse kernels: the plan's own where it is one (a row tile's
+    tokens must fit a 32-bit mask: BM <= 32), else the mma.sync design's choice for the arch."""
+    if isinstance(c.tiles, MmaSyncTiles) and c.tiles.bm <= 32:
+        return c.tiles
+    return mma_sync.DESIGN.choose(c.spec, c.arch)
+
+
+def set_bytes(table: int) -> int:
+    """Shared memory of the hash set (SlotSet): 8 B an entry and 136 B of counters and scan scratch."""
+    return table * 8 + 136
+
+
+def table_entries(c: PlanContext, t: MmaSyncTiles) -> int:
+    """Entries of the shared-memory hash set, the largest power of two up to MAX_TABLE whose set
+    fits the KV ring."""
+    ring = t.layout(c.spec)["RING_BYTES"]
+    table = MAX_TABLE
+    while set_bytes(table) > ring:
+        table //= 2
+    if table < 1024:
+        raise PlanError(f"{c.spec.name}: the sparse hash set needs at least 1024 entries in the KV ring "
+                        f"({ring} B with {t.stages} stages)")
+    return table
+
+
+def list_capacity(table: int) -> int:
+    """Keys a CTA's list holds (SlotSet::CAP): the lists scratch has 2 ints per key per CTA."""
+    return table // 2
+
+
+def sparse_variants(c: PlanContext) -> list[Variant]:
+    """sparse_verify_attn and sparse_gather_attn; none for a dense spec."""
+    spec = c.spec
+    if not spec.model.sparse:
+        return []
+    t = sparse_tiles(c)
+    ctx = PlanContext(spec, c.arch, t, c.tag)
+    kv = kvrows.ctype(spec)
+    decls = (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ kv_cache", "float kv_scale",
+             f"const {kv}* __restrict__ k_tree", "const int* __restrict__ tree_mask",
+             "const int* __restrict__ qo_indptr", "const int* __restrict__ topk_indices", "int topk_width",
+             "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes", "int total_tokens",
+             "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta",
+             "float* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots")
+    table = table_entries(c, t)
+    return [replace(ctx.attention(name, "sparse_attn.cu.j2",
+                                  {"UNION": name == "sparse_verify_attn", "TABLE": table, **ctx.tree_constants}, decls),
+                    kernel="sparse_attn")
+            for name in SPARSE_KERNELS]
+
+
+def sparse_bm(c: PlanContext) -> int:
+    """BM of the sparse kernels' partial states (what their combine merges)."""
+    return sparse_tiles(c).bm

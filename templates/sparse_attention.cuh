@@ -1,0 +1,380 @@
+// Sparse (DSA) tree verify (DESIGN §12): tree token i of request b attends the prefix slots its
+// top-k list names, topk[i][0 .. K'), -1 = no key, plus its visible tree tokens; on the mma.sync
+// loop of attention.cuh.
+//
+// Work items are (request, split, row tile), as in the dense schedule. A row tile's BM packed
+// (token, head) rows belong to a few tokens (BM / H, one more when H does not divide BM), and only
+// the slots those tokens list can matter to it: its CTA reads those tokens' lists (ints, from L2)
+// and builds its key list on the device, then streams the listed KV rows through the same ring,
+// masking each (row, key) by a 32-bit membership mask (bit k: the tile's k-th token listed it).
+// - union (the product): split s of S owns the slots whose hash lands in partition s. The CTA
+//   inserts its tokens' entries of that partition into a shared-memory hash set (slot -> mask)
+//   and compacts it to a list: each listed row is read once per row tile, whichever tokens list
+//   it (and the row tiles of one split run side by side, so DRAM sees it once per request).
+//   The set lives in the KV ring before the ring is used; a list that would outgrow the set's
+//   capacity is split into sub-partitions by more hash bits (rounds), each attended in turn.
+// - gather (the internal baseline): split s owns a contiguous range of the tile's list entries,
+//   each entry one key of one token (a slot listed by k tokens is read k times).
+// The lists go to a global scratch region per CTA (the ring is busy while they are read). The
+// request's tree rides on its last split, as in verify_attn.
+#pragma once
+#include "kgen/attention_kernels.cuh"
+
+namespace kgen {
+
+struct SparseArgs {
+    const int* qo_indptr;
+    const int* topk;  // [sum T, topk_width] slots, -1 = no key
+    int topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens, validate;
+    int* error_flag;
+    int4* req_meta;
+    int* lists;  // per CTA: LIST_CAP slots then LIST_CAP masks
+    long long num_slots;
+};
+
+// Tokens a row tile of BM rows can touch: BM / H when H divides BM, else one more (rounded up).
+template <int HEADS, int BM>
+constexpr int TILE_TOKENS = BM % HEADS == 0 ? BM / HEADS : (BM - 1) / HEADS + 2;
+
+struct SparseItem {
+    int b = -1;  // request, or -1: this CTA has no item
+    int split, splits, row_tile;
+};
+
+// This CTA's work item. Request b has R_b = ceil(T_b * H / BM) row tiles, each reading E_b =
+// min(T_b, TILE_TOKENS) * K' list entries; request b gets S_b = max(1, ceil(E_b / chunk)) splits
+// of chunk = min(max_chunk, max(min_chunk, ceil(W / slots))) entries, W = sum R_b * E_b. The
+// items number at most W / chunk + sum R_b, so slots = target_ctas - sum R_b (where that is
+// positive) keeps them within one wave of target_ctas CTAs whatever the batch (else slots =
+// target_ctas); the gather kernel caps a split at one list's capacity. Items are ordered as the
+// dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first item,
+// S_b, 0, R_b) for the combine kernel. Every thread calls it; `scratch` is SCHEDULE_SCRATCH_BYTES.
+template <int HEADS, int BM>
+__device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* scratch) {
+    ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
+    int* scan = sc->scan;
+    unsigned long long* sums = sc->sums;
+    int* found = sc->found;
+    const bool report = a.validate && blockIdx.x == 0;
+    if (threadIdx.x == 0) {
+        found[0] = -1;
+        if (report && (a.qo_indptr[0] != 0 || a.qo_indptr[a.batch] != a.total_tokens)) atomicOr(a.error_flag, 1);
+    }
+    auto shape = [&](int b, bool flag, int& row_tiles) {  // row tiles and list entries per tile of request b
+        int tokens = a.qo_indptr[b + 1] - a.qo_indptr[b];
+        if (tokens < 0 || tokens > a.max_nodes) {
+            if (flag) atomicOr(a.error_flag, 1);
+            tokens = min(max(tokens, 0), a.max_nodes);
+        }
+        row_tiles = (tokens * HEADS + BM - 1) / BM;
+        return (long long)min(tokens, TILE_TOKENS<HEADS, BM>) * a.topk_width;
+    };
+    unsigned long long mine = 0, my_tiles = 0;
+    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
+        int row_tiles;
+        const long long entries = shape(b, report, row_tiles);
+        mine += (unsigned long long)row_tiles * entries;
+        my_tiles += row_tiles;
+    }
+    const unsigned long long work = block_reduce<Sum>(mine, sums);
+    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);
+    const long long slots = row_tiles < a.target_ctas ? a.target_ctas - row_tiles : a.target_ctas;
+    const long long chunk = min((long long)a.max_chunk, max((long long)a.min_chunk, ((long long)work + slots - 1) / slots));
+    int items_before = 0;
+    for (int base = 0; base < a.batch; base += blockDim.x) {
+        const int b = base + threadIdx.x;
+        int row_tiles = 0, splits = 0;
+        if (b < a.batch) splits = max(1LL, (shape(b, false, row_tiles) + chunk - 1) / chunk);
+        const int items = splits * row_tiles;
+        int block_items;
+        const int first = items_before + block_inclusive_sum(items, scan, &block_items) - items;
+        items_before += block_items;
+        if (b < a.batch) {
+            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits, 0, row_tiles);
+            const int local = static_cast<int>(blockIdx.x) - first;
+            if (0 <= local && local < items) {
+                found[0] = b;
+                found[1] = local / row_tiles;
+                found[2] = splits;
+                found[3] = local % row_tiles;
+            }
+        }
+        __syncthreads();
+        if (blockIdx.x != 0 && found[0] >= 0) break;
+    }
+    SparseItem item;
+    item.b = found[0];
+    item.split = found[1];
+    item.splits = found[2];
+    item.row_tile = found[3];
+    return item;
+}
+
+// A CTA's key list in global scratch: n slots and their membership masks.
+struct KeyList {
+    int* slots;
+    unsigned* masks;
+};
+
+// The listed slots as KV rows of ROW_BYTES each (written by this CTA before it reads them: plain
+// loads, not the read-only path).
+template <int ROW_BYTES>
+struct ListRows {
+    const char* kv_cache;
+    const int* slots;
+    __device__ __forceinline__ int fetch(int j) const { return slots[j]; }
+    __device__ __forceinline__ const char* row(int, int slot) const { return kv_cache + (long long)slot * ROW_BYTES; }
+};
+
+// Row r of the CTA sees key j when its token's bit is set in key j's mask (bit 0: token0).
+template <class C>
+struct ListVisible {
+    static constexpr bool ALL = false;
+    const unsigned* masks;
+    int row0, token0, num_rows;  // the tile's first row within the request, its first token, its rows
+    __device__ __forceinline__ bool operator()(int r, int j) const {
+        if (r >= num_rows) return false;
+        return ((masks[j] >> ((row0 + r) / C::HEADS - token0)) & 1u) != 0;
+    }
+};
+
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
+// Generic-proxy writes to shared memory (the hash set in the ring) before bulk copies refill it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// A bijective 32-bit mix (murmur3's finalizer): partitions and probe positions from its bits.
+__device__ __forceinline__ unsigned mix32(unsigned x) {
+    x ^= x >> 16;
+    x *= 0x85ebca6bu;
+    x ^= x >> 13;
+    x *= 0xc2b2ae35u;
+    x ^= x >> 16;
+    return x;
+}
+
+// Which slots a union round takes: partition `split` of `splits` (the hash's high bits), and of
+// those the sub-partition `rem` of `mod` (its low bits; mod = 1 takes all).
+struct SlotFilter {
+    unsigned splits, split, mod, rem;
+    __device__ __forceinline__ bool operator()(unsigned h) const {
+        return __umulhi(h, splits) == split && (h & (mod - 1)) == rem;
+    }
+};
+
+// The shared-memory hash set of a union round: `size` slots (-1 = empty) and masks, then the
+// count of slots inserted and the overflow flag, then 32 ints of scan scratch. The layout is
+// TABLE's; a round uses `size` <= TABLE entries (a power of two), picked for the split's
+// expected share of keys, so clearing and compacting it costs what the split needs.
+template <int TABLE>
+struct SlotSet {
+    static constexpr int CAP = TABLE / 2;      // keys of a list at most (the lists scratch per CTA)
+    static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
+    static constexpr int BYTES = TABLE * 8 + 34 * 4;
+    static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
+    int* keys;
+    unsigned* masks;
+    int* count;  // [0] inserted, [1] overflow
+    int* scan;
+    int size, bits;
+
+    __device__ __forceinline__ static SlotSet at(char* smem, int size) {
+        int* keys = reinterpret_cast<int*>(smem);
+        unsigned* masks = reinterpret_cast<unsigned*>(keys + TABLE);
+        int* count = reinterpret_cast<int*>(masks + TABLE);
+        return {keys, masks, count, count + 2, size, __ffs(size) - 1};
+    }
+
+    __device__ __forceinline__ void clear() const {
+        for (int i = threadIdx.x; i < size; i += blockDim.x) {
+            keys[i] = -1;
+            masks[i] = 0u;
+        }
+        if (threadIdx.x < 2) count[threadIdx.x] = 0;
+    }
+
+    // Add `bit` to slot's mask, inserting the slot if new; once size / 2 slots are in, new slots
+    // set the overflow flag instead (the round is redone with a larger set, or in halves).
+    __device__ __forceinline__ void insert(int slot, unsigned h, unsigned bit) const {
+        unsigned p = (h * 0x9e3779b1u) >> (32 - bits);
+        volatile int* vkeys = keys;
+        while (true) {
+            int k = vkeys[p];
+            if (k == -1) {
+                if (*(volatile int*)&count[1]) return;
+                k = atomicCAS(&keys[p], -1, slot);
+                if (k == -1) {
+                    if (atomicAdd(&count[0], 1) >= size / 2) count[1] = 1;
+                    k = slot;
+                }
+            }
+            if (k == slot) {
+                atomicOr(&masks[p], bit);
+                return;
+            }
+            p = (p + 1) & (size - 1);
+        }
+    }
+
+    // Write the set's slots and masks to `list` (in table order); returns how many.
+    __device__ __forceinline__ int compact(const KeyList& list) const {
+        int n = 0;
+        for (int i = threadIdx.x; i < size; i += blockDim.x) n += keys[i] != -1;
+        int total;
+        int at = block_inclusive_sum(n, scan, &total) - n;
+        for (int i = threadIdx.x; i < size; i += blockDim.x) {
+            const int k = keys[i];
+            if (k != -1) {
+                list.slots[at] = k;
+                list.masks[at] = masks[i];
+                ++at;
+            }
+        }
+        return total;
+    }
+};
+
+// The set size a split starts with: room for twice its expected entries (E / S of them hash to
+// it), which no distinct count reaches short of a skewed hash.
+template <int TABLE>
+__device__ __forceinline__ int initial_set_size(int entries, int splits) {
+    const int want = 4 * ((entries + splits - 1) / splits);
+    int size = SlotSet<TABLE>::MIN_SIZE;
+    while (size < want && size < TABLE) size *= 2;
+    return size;
+}
+
+// Whether list entry `slot` names a row: -1 (and any negative) is no key; with `validate`, a slot
+// outside the cache raises bit 2 of the error flag (without, it is skipped all the same).
+__device__ __forceinline__ bool listed(int slot, long long num_slots, int validate, int* error_flag) {
+    if (slot < 0) return false;
+    if (slot >= num_slots) {
+        if (validate) atomicOr(error_flag, 2);
+        return false;
+    }
+    return true;
+}
+
+// Union round: the tile's tokens' entries (tokens x width ints at `lists`) whose slot passes
+// `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
+// overflowed (nothing of it may be used). Not inlined, as find_sparse_item: it runs once per
+// round, and inlined its temporaries spilled the sm_120 kernel at its register cap.
+template <int TABLE>
+__device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lists, int tokens, int width,
+                                        const SlotFilter filter, const KeyList list, const SparseArgs a) {
+    constexpr int LOADS = 8;  // entries a thread has in flight: the scan is a few L2 latencies, not one per entry
+    set.clear();
+    __syncthreads();
+    const int entries = tokens * width;
+    for (int e0 = threadIdx.x; e0 < entries; e0 += LOADS * blockDim.x) {
+        int slot[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int e = e0 + u * blockDim.x;
+            slot[u] = e < entries ? __ldg(lists + e) : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            if (!listed(slot[u], a.num_slots, a.validate, a.error_flag)) continue;
+            const unsigned h = mix32(static_cast<unsigned>(slot[u]));
+            if (filter(h)) set.insert(slot[u], h, 1u << ((e0 + u * blockDim.x) / width));
+        }
+    }
+    __syncthreads();
+    const bool fits = set.count[1] == 0;
+    __syncthreads();  // every thread has read the flag before the next round clears it
+    return fits ? set.compact(list) : -1;
+}
+
+// Gather piece: list entries [e0, e1) of the tile's tokens, each a key of its own token, in order.
+__device__ __noinline__ int build_gather(int* scan, const KeyList list, const int* lists, int width, int e0, int e1,
+                                         const SparseArgs a) {
+    const int per = (e1 - e0 + blockDim.x - 1) / blockDim.x;
+    const int begin = e0 + threadIdx.x * per, end = min(e1, begin + per);
+    int n = 0;
+    for (int e = begin; e < end; ++e) n += listed(lists[e], a.num_slots, a.validate, a.error_flag);
+    int total;
+    int at = block_inclusive_sum(n, scan, &total) - n;
+    for (int e = begin; e < end; ++e) {
+        const int slot = lists[e];
+        if (slot >= 0 && slot < a.num_slots) {
+            list.slots[at] = slot;
+            list.masks[at] = 1u << (e / width);
+            ++at;
+        }
+    }
+    return total;
+}
+
+// sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
+// slots, then, in the last split, the request's tree tokens under the tree mask; one online
+// softmax into the partial state of slot blockIdx.x.
+template <class C, bool UNION, int TABLE, int MASK_WORDS, class RequestMask>
+__device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, const char* kv_cache, float kv_scale,
+                                                 const char* k_tree, const RequestMask& request_mask,
+                                                 const SparseArgs& a, float* part_o, float* part_lse,
+                                                 float scale_log2) {
+    static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
+    static_assert(SlotSet<TABLE>::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
+    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
+    if (item.b < 0) return;
+    const int qo0 = a.qo_indptr[item.b], tokens = min(a.qo_indptr[item.b + 1] - qo0, a.max_nodes);
+    const ItemRows r{qo0, tokens, (long long)qo0 * C::HEADS + item.row_tile * C::BM,
+                     tokens * C::HEADS - item.row_tile * C::BM};
+    const int num_rows = min(r.rows, C::BM), row0 = item.row_tile * C::BM;
+    const int token0 = row0 / C::HEADS, tile_tokens = (row0 + num_rows - 1) / C::HEADS + 1 - token0;
+    const int width = a.topk_width;
+    const int* lists = a.topk + (long long)(qo0 + token0) * width;
+    const KeyList list{a.lists + (long long)blockIdx.x * 2 * SlotSet<TABLE>::CAP,
+                       reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * SlotSet<TABLE>::CAP};
+    const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
+    const ListVisible<C> visible{list.masks, row0, token0, num_rows};
+
+    AttnState<C> st;
+    attend_begin<C>(smem, st, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2,
+                    kv_scale);
+    // Attend the first n keys of the list; the next build may rewrite the ring and the list after.
+    // The masks are read in every tile's softmax: fetched into L1 first (this CTA just wrote them).
+    auto attend_list = [&](int n) {
+        fence_proxy_async();
+        __syncthreads();
+        for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l1(list.masks + i);
+        attend_range<C>(smem, st, rows, n, visible, 0, (n + C::BN - 1) / C::BN);
+        __syncthreads();
+    };
+    if constexpr (UNION) {
+        // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
+        // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
+        int size = initial_set_size<TABLE>(tile_tokens * width, item.splits);
+        unsigned mod = 1, rem = 0;
+        while (true) {
+            const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
+            const int n = build_union(SlotSet<TABLE>::at(smem, size), lists, tile_tokens, width, filter, list, a);
+            if (n < 0) {
+                if (size < TABLE) size *= 2;
+                else mod *= 2;
+                continue;
+            }
+            attend_list(n);
+            while (mod > 1 && rem >= mod / 2) {  // up while this was a second half
+                rem -= mod / 2;
+                mod /= 2;
+            }
+            if (mod == 1) break;
+            rem += mod / 2;  // the other half
+        }
+    } else {
+        const int entries = tile_tokens * width;  // <= 32 x 65536
+        const int per = (entries + item.splits - 1) / item.splits;
+        const int e0 = min(entries, item.split * per);  // per <= max_chunk = the list's capacity
+        attend_list(build_gather(SlotSet<TABLE>::at(smem, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
+                                 min(entries, e0 + per), a));
+    }
+    if (item.split == item.splits - 1) {
+        const auto tree = tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true);
+        attend_range<C>(smem, st, tree.keys, tree.num_keys, tree.visible, tree.tile_begin, tree.tile_end);
+    }
+    attend_end<C>(smem, st, part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
+}
+
+}  // namespace kgen

@@ -1,0 +1,299 @@
+"""Sparse (DSA) verify on the CPU (DESIGN §12): the spec field, the plan of both arches and their
+compiled kernels, the float64 reference against a naive per-row computation, the indexer-shaped
+test lists, and the host-side checks. (tests/test_sparse_gpu.py runs the kernels.)"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import kgen
+from kgen.build import build
+from kgen.cache import KernelCache
+from kgen.errors import SpecError
+from kgen.plan import plan
+from kgen.sparse import check_distinct
+from kgen.sparse_plan import MAX_TABLE, list_capacity
+from kgen.sparse_testing import indexer_lists, make_sparse_inputs, prefix_slots
+from kgen.spec import parse_spec
+from kgen.accuracy import assert_close_attention
+from kgen.inputs import Dims
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "specs" / "glm5_dsa_sm120.yaml"
+DIMS = Dims(num_heads=3, head_dim=64, value_dim=48, scale=0.2, max_nodes=40, page_size=4)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- spec and plan ----------------------------------------------------------------------------
+
+def spec_data(**model) -> dict:
+    import yaml
+
+    data = yaml.safe_load(SPEC.read_text())
+    data["model"].update(model)
+    return data
+
+
+def test_index_topk_makes_a_sparse_spec_and_is_checked():
+    assert kgen.load_spec(SPEC).model.index_topk == 2048 and kgen.load_spec(SPEC).model.sparse
+    dense = spec_data()
+    del dense["model"]["index_topk"]
+    assert not parse_spec(dense).model.sparse
+    for bad, words in ((0, "greater than or equal to 1"), (1 << 17, "less than or equal to 65536"),
+                       (True, "valid integer"), ("2048", "valid integer")):
+        with pytest.raises(SpecError, match=f"bad.yaml: model.index_topk = .*{words}"):
+            parse_spec(spec_data(index_topk=bad), "bad.yaml")
+
+
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(arch):
+    p = plan(kgen.load_spec(SPEC), arch)
+    sparse = {v.name: v for v in p.variants if v.kernel == "sparse_attn"}
+    assert set(sparse) == {"sparse_verify_attn", "sparse_gather_attn"}
+    for v in sparse.values():
+        assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4," in v.constants["CONFIG"], v.constants["CONFIG"]
+        assert v.smem_bytes <= p.arch.smem_per_block
+        table = v.constants["TABLE"]
+        assert table == MAX_TABLE and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
+    assert sparse["sparse_verify_attn"].constants["UNION"] and not sparse["sparse_gather_attn"].constants["UNION"]
+    assert p.variant("sparse_combine").constants["BM"] == 32  # the sparse tiles', whatever the dense design
+    assert not [v for v in plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), arch).variants
+                if v.name.startswith("sparse")]
+
+
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn"])
+def test_the_sparse_kernels_compile_without_spills_and_use_the_tensor_cores(arch, kv, tmp_path_factory):
+    data = spec_data()
+    data["cache"]["kv_dtype"] = kv
+    data["name"] = f"dsa_{kv[:4]}"
+    p = plan(parse_spec(data), arch)
+    built = build(p.__class__(p.spec, p.arch, p.tiles, tuple(v for v in p.variants if v.name.startswith("sparse")),
+                              p.budget), [arch], KernelCache(tmp_path_factory.mktemp("cache")), inspect=True)
+    assert [b.variant.name for b in built] == ["sparse_verify_attn", "sparse_gather_attn", "sparse_combine"]
+    for b in built:
+        assert b.problems() == [], (b.variant.name, b.problems())  # no spills or local memory; MMAs fed by bulk copies
+        if arch == "sm_120":
+            assert b.smem_bytes <= 99 * 1024
+
+
+def test_list_capacity_is_half_the_set():
+    assert list_capacity(8192) == 4096
+
+
+# ---- reference --------------------------------------------------------------------------------
+
+def naive_sparse(x):
+    """One softmax per (row, head) over an explicit list of keys: row i's listed slots in list
+    order (each a cache row), then its visible tree tokens from the raw mask bits."""
+    b = x.base
+    q, cache, k_tree = b.q.double(), b.kv_cache.double() * b.kv_scale, b.ref_k_tree.double()
+    qo, words, lists = b.qo_indptr.tolist(), b.tree_mask.tolist(), x.topk_indices.tolist()
+    o = torch.zeros(q.shape[0], q.shape[1], b.value_dim, dtype=torch.float64)
+    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float64)
+    for r in range(len(qo) - 1):
+        for i in range(qo[r], qo[r + 1]):
+            keys = [cache[s] for s in lists[i] if s >= 0]
+            keys += [k_tree[qo[r] + j] for j in range(qo[r + 1] - qo[r]) if (words[i][j // 32] >> (j % 32)) & 1]
+            if not keys:
+                continue
+            k = torch.stack(keys)
+            for h in range(q.shape[1]):
+                logits = b.scale * (k @ q[i, h])
+                lse[i, h] = torch.logsumexp(logits, 0)
+                o[i, h] = torch.softmax(logits, 0) @ k[:, :b.value_dim]
+    return o, lse
+
+
+@pytest.mark.parametrize("shared, holes, foreign", [(0.9, 0.0, 0.0), (0.0, 0.1, 0.0), (0.5, 0.2, 0.3)])
+def test_sparse_reference_matches_naive_per_row_softmax(seed, shared, holes, foreign):
+    x = make_sparse_inputs(DIMS, [5, 0, 12, 1], [60, 30, 90, 7], 16, shared=shared, holes=holes, foreign=foreign,
+                           window=5, tree_kind="bits", generator=gen(seed))
+    o, lse = x.ref()
+    o_n, lse_n = naive_sparse(x)
+    torch.testing.assert_close(o, o_n, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, lse_n, rtol=1e-12, atol=1e-12)
+
+
+def test_lists_of_the_whole_prefix_give_dense_verify(seed):
+    """L <= K': every prefix token listed (in any order, -1 after) is the dense verify."""
+    x = make_sparse_inputs(DIMS, [4, 7, 1, 0], [16, 0, 9, 3], 16, generator=gen(seed))
+    assert_close_attention(*x.ref(), *x.base.verify_ref(), o_tol=1e-12, lse_tol=1e-12)
+
+
+def test_rows_that_list_nothing_and_see_nothing_are_empty_and_fp8_means_dequantized(seed):
+    x = make_sparse_inputs(Dims(**{**DIMS.__dict__, "kv_dtype": "float8_e4m3fn"}), [3, 4], [30, 40], 8,
+                           tree_kind="bits", generator=gen(seed))
+    x.topk_indices[1] = -1
+    x.base.tree_mask[1] = 0
+    o, lse = x.ref()
+    assert torch.isinf(lse[1]).all() and (o[1] == 0).all() and torch.isfinite(lse[[0, 2, 3]]).all()
+    torch.testing.assert_close(o, naive_sparse(x)[0], rtol=1e-12, atol=1e-12)
+
+
+def test_the_order_of_a_list_does_not_matter(seed):
+    x = make_sparse_inputs(DIMS, [6, 3], [50, 70], 12, holes=0.2, generator=gen(seed))
+    o, lse = x.ref()
+    perm = torch.randperm(12, generator=gen(seed + 1))
+    x.topk_indices = x.topk_indices[:, perm].contiguous()
+    o2, lse2 = x.ref()
+    torch.testing.assert_close(o, o2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, lse2, rtol=1e-12, atol=1e-12)
+
+
+# ---- test lists -------------------------------------------------------------------------------
+
+def test_indexer_lists_share_sinks_window_and_common_picks(seed):
+    slots = torch.randperm(10000, generator=gen(seed))[:5000]
+    rows = indexer_lists(slots, 16, 256, shared=0.75, window=32, generator=gen(seed))
+    assert rows.shape == (16, 256)
+    for r in rows:
+        assert torch.unique(r).numel() == 256 and torch.isin(r, slots).all()
+    shared = set(rows[0].tolist()).intersection(*(set(r.tolist()) for r in rows[1:]))
+    assert len(shared) == 192  # round(0.75 * 256): own picks never repeat a shared one
+    assert set(slots[:4].tolist()) <= shared and set(slots[-32:].tolist()) <= shared
+    assert 192 + 64 < torch.unique(rows).numel() <= 192 + 16 * 64  # own picks differ between tokens (mostly)
+
+
+def test_short_prefixes_are_listed_whole_and_padded_with_minus_one(seed):
+    slots = torch.tensor([7, 3, 11])
+    rows = indexer_lists(slots, 2, 5, shared=0.5, window=1, generator=gen(seed))
+    for r in rows.tolist():
+        assert sorted(r) == [-1, -1, 3, 7, 11]
+
+
+def test_test_lists_stay_distinct_with_holes_and_foreign_slots(seed):
+    x = make_sparse_inputs(DIMS, [8, 8, 8], [200, 150, 300], 32, shared=0.3, holes=0.2, foreign=0.5, window=4,
+                           generator=gen(seed))
+    check_distinct(x.topk_indices)
+    qo = x.base.qo_indptr.tolist()
+    crossed = 0
+    for b in range(3):
+        mine = set(prefix_slots(x.base, b).tolist())
+        rows = x.topk_indices[qo[b]:qo[b + 1]]
+        listed = set(rows[rows >= 0].tolist())
+        crossed += len(listed - mine)
+    assert crossed > 0 and (x.topk_indices == -1).any()
+    assert not torch.isnan(x.base.kv_cache[x.topk_indices[x.topk_indices >= 0].long()]).any()  # only used slots
+
+
+def test_check_distinct_names_the_first_row_with_a_repeat():
+    rows = torch.tensor([[3, -1, -1, 5], [1, 2, 9, 2], [4, 4, 0, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="topk_indices: row 1 lists a slot more than once"):
+        check_distinct(rows)
+    check_distinct(rows[:1])  # -1 may repeat
+    check_distinct(torch.zeros(3, 1, dtype=torch.int32))
+
+
+def test_union_sizes_count_distinct_slots_per_request(seed):
+    x = make_sparse_inputs(DIMS, [4, 2], [100, 100], 16, shared=1.0, generator=gen(seed))
+    assert x.union_sizes() == [16, 16]  # every token of a request lists the same 16
+    y = make_sparse_inputs(DIMS, [4], [1000], 16, shared=0.0, holes=0.3, generator=gen(seed))
+    assert y.union_sizes() == [len({s for row in y.topk_indices.tolist() for s in row if s >= 0})]
+
+
+def test_the_custom_op_has_a_fake_implementation():
+    from kgen import library
+
+    spec = kgen.load_spec(SPEC)
+    library.register_spec(spec)
+
+    def meta(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    o, lse = torch.ops.kgen.sparse_verify_attention(meta(16, 8, 576), meta(1000, 576), meta(16, 576),
+                                                    meta(2, dtype=torch.int32), meta(16, 2048, dtype=torch.int32),
+                                                    meta(16, 2, dtype=torch.int32), spec.name)
+    assert (o.shape, o.dtype, lse.shape, lse.dtype) == ((16, 8, 512), torch.bfloat16, (16, 8), torch.float32)
+
+
+def test_kgen_show_models_the_sparse_shapes_on_sm120():
+    import json
+
+    from typer.testing import CliRunner
+
+    from kgen.cli import app
+
+    text = CliRunner().invoke(app, ["show", str(SPEC)], env={"COLUMNS": "100"})
+    assert text.exit_code == 0, text.output
+    assert "sparse_verify_attn (each row tile's union" in text.output and "8192-entry hash set" in text.output
+    result = CliRunner().invoke(app, ["show", str(SPEC), "--json"])
+    assert result.exit_code == 0, result.output
+    main = json.loads(result.output)["sparse"][0]
+    assert (main["B"], main["L"], main["T"], main["shared"]) == (1, 131072, 16, 0.7)
+    shared = round(0.7 * 2048)
+    union = shared + 16 * (2048 - shared)  # the issue's main shape: B=1, L=131072, T=16, K=2048
+    assert main["union_rows"] == union
+    floor_us = (union + 16) * 1152 / 1792e9 * 1e6  # union rows (and the tree) once at sm_120's 1.79 TB/s
+    assert main["floor_us"] == pytest.approx(floor_us, abs=0.05)
+    assert main["model_us"] > main["floor_us"]  # the model never beats its floor
+
+
+# ---- the sparse step's launches, on the CPU (stand-in kernels decode each launch's arguments) ----
+
+def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(seed):
+    from test_step import ptr, stub_module
+
+    from kgen.sparse import UNBOUNDED, sparse_workspace_layout
+
+    mod = stub_module("glm5_dsa_sm120", sm_count=132)
+    x = make_sparse_inputs(mod.spec, [5, 16, 0, 2], [300, 4000, 10, 0], 512, holes=0.1, generator=gen(seed))
+    b = x.base
+    out, lse = b.outputs()
+    for union in (True, False):
+        mod.launches.clear()
+        step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask, union=union)
+        step.verify(b.q, b.kv_cache, b.k_tree, out=out, lse=lse)
+        assert [name for name, *_ in mod.launches] == [("sparse_verify_attn" if union else "sparse_gather_attn"),
+                                                       "sparse_combine"]
+        (_, grid, _, attn), (_, combine_grid, _, combine) = mod.launches
+        tokens, batch, heads = b.q.shape[0], 4, mod.spec.model.num_q_heads
+        row_tiles = -(-tokens * heads // 32) + batch  # the rule: one wave plus a CTA per row tile a request starts
+        cap = 4096
+        assert grid == (132 + row_tiles if union else 132 + row_tiles * -(-min(32, 64) * 2048 // cap))
+        assert combine_grid == tokens * heads
+        base = step.workspace.data_ptr()
+        off_lse, off_meta, off_lists, size = sparse_workspace_layout(mod._sparse, grid, batch)
+        assert step.workspace.numel() == size and off_lists - off_meta >= batch * 16
+        assert attn == dict(q=ptr(b.q), kv_cache=ptr(b.kv_cache), kv_scale=1.0, k_tree=ptr(b.k_tree),
+                            tree_mask=ptr(b.tree_mask), qo_indptr=ptr(b.qo_indptr), topk_indices=ptr(x.topk_indices),
+                            topk_width=512, batch=batch, target_ctas=132, min_chunk=64,
+                            max_chunk=UNBOUNDED if union else cap, max_nodes=64, total_tokens=tokens, validate=0,
+                            error_flag=ptr(mod.state.error_flag), req_meta=base + off_meta, part_o=base,
+                            part_lse=base + off_lse, lists=base + off_lists, num_slots=b.kv_cache.shape[0])
+        assert combine == dict(part_o=base, part_lse=base + off_lse, qo_indptr=ptr(b.qo_indptr),
+                               req_meta=base + off_meta, batch=batch, o=ptr(out), lse=ptr(lse))
+
+
+def test_sparse_arguments_are_checked_before_any_launch(seed):
+    from test_step import stub_module
+
+    mod = stub_module("glm5_dsa_sm120")
+    x = make_sparse_inputs(mod.spec, [4], [300], 64, generator=gen(seed))
+    q, cache, k_tree, qo, topk, mask = x.args()
+    cases = [
+        (TypeError, "topk_indices: expected dtype torch.int32", lambda: mod.prepare_sparse(qo, topk.long(), mask)),
+        (ValueError, "index_topk 2048", lambda: mod.prepare_sparse(qo, torch.zeros(4, 2049, dtype=torch.int32), mask)),
+        (ValueError, "tree_mask: expected size 4 in dim 0", lambda: mod.prepare_sparse(qo, topk, mask[:3])),
+        (ValueError, "tree_mask: 1 int32 words per row are narrower", lambda: mod.prepare_sparse(qo, topk, mask[:, :1])),
+        (ValueError, "q: expected size 4 in dim 0",
+         lambda: mod.sparse_verify_attention(q[:3], cache, k_tree, qo, topk, mask)),
+        (ValueError, "kv_scale", lambda: mod.sparse_verify_attention(q, cache, k_tree, qo, topk, mask, kv_scale=2.0)),
+        (TypeError, "kv_cache: expected dtype torch.bfloat16",
+         lambda: mod.sparse_verify_attention(q, cache.float(), k_tree, qo, topk, mask)),
+    ]
+    for error, words, call in cases:
+        mod.launches.clear()
+        with pytest.raises(error, match=words):
+            call()
+        assert mod.launches == []
+    dense = stub_module("glm5_sm120")
+    with pytest.raises(ValueError, match="glm5_sm120 has no model.index_topk"):
+        dense.prepare_sparse(qo, topk, mask)

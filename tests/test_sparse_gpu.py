@@ -1,0 +1,249 @@
+"""Sparse (DSA) tree verify on the GPU (DESIGN §12) against the reference, for the GPU's own plan
+and the sm_120 plan, every sparse cache format, the union kernel and the per-token-gather one:
+lists with heavy and with no overlap, -1 anywhere, slots of other requests, L < K', T = 1, trees
+up to max_nodes, B up to 64, empty rows, poisoned outputs, permuted pages, duplicate and
+out-of-range slots under KGEN_VALIDATE=1, graph replays with refilled lists."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+import yaml
+
+import kgen
+from kgen.sparse_testing import SparseInputs, make_sparse_inputs
+from kgen.spec import parse_spec
+from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
+from kgen.inputs import Dims, poison_
+from kgen.timing import capture
+
+from conftest import SPEC_DIR
+
+pytestmark = pytest.mark.gpu
+
+# name -> changes to the shipped sparse spec (model and cache fields, tree size)
+SPARSE_SPECS = {
+    "glm5_dsa_sm120": {},
+    "glm5_dsa_fp8_sm120": {"cache": {"kv_dtype": "float8_e4m3fn"}},
+    "glm5_dsa_tp4_p1_sm120": {"model": {"num_q_heads": 16}, "cache": {"page_size": 1}, "tree": {"max_nodes": 256}},
+}
+PLAN_ARCHS = [None, "sm_120"]  # the GPU's own plan, and the sm_120 plan run on it
+
+
+def sparse_spec(name: str) -> kgen.Spec:
+    data = yaml.safe_load((SPEC_DIR / "glm5_dsa_sm120.yaml").read_text())
+    data["name"] = name
+    for section, fields in SPARSE_SPECS[name].items():
+        data[section].update(fields)
+    return parse_spec(data, f"glm5_dsa_sm120.yaml with {SPARSE_SPECS[name]}")
+
+
+@pytest.fixture(scope="module")
+def sparse_module(cuda):
+    modules = {}
+
+    def get(name: str, arch: str | None):
+        if (name, arch) not in modules:
+            modules[name, arch] = kgen.jit(sparse_spec(name), arch=arch)
+        return modules[name, arch]
+
+    return get
+
+
+def run_and_check(mod, x, what: str, union: bool = True, step=None):
+    out, lse = x.base.outputs()
+    step = step or mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=union)
+    step.verify(x.base.q, x.base.kv_cache, x.base.k_tree, **x.base.kv_kwargs, out=out, lse=lse)
+    torch.cuda.synchronize()
+    assert_all_written(out, f"{what} out")
+    assert_all_written(lse, f"{what} lse")
+    assert_close_attention(out, lse, *x.ref(), **tolerances(mod.spec), what=what)
+
+
+# (tree sizes, prefix lengths, list width, shared fraction, -1 fraction, foreign fraction)
+CASES = {
+    "heavy overlap": ([16], [20000], 2048, 0.9, 0.0, 0.0),
+    "no overlap": ([16, 9], [40000, 30000], 2048, 0.0, 0.0, 0.0),
+    "holes and foreign slots": ([16, 5, 12], [9000, 7000, 5000], 2048, 0.6, 0.1, 0.2),
+    "L < K": ([16, 3, 1], [1000, 2047, 0], 2048, 0.5, 0.0, 0.0),
+    "decode T = 1": ([1] * 5, [3000, 50, 9000, 2048, 2049], 2048, 0.5, 0.05, 0.0),
+    "K' < K, odd": ([7, 16], [5000, 3000], 333, 0.5, 0.05, 0.1),
+    "max tree": ("max", [6000, 1000], 2048, 0.7, 0.02, 0.0),
+    "ragged, empty requests": ([0, 16, 0, 3, 64], [500, 9000, 0, 100, 3000], 2048, 0.7, 0.05, 0.0),
+}
+
+
+@pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
+@pytest.mark.parametrize("spec_name", list(SPARSE_SPECS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_sparse_verify_matches_the_reference(sparse_module, cuda, seed, spec_name, arch, case):
+    mod = sparse_module(spec_name, arch)
+    sizes, lens, width, shared, holes, foreign = CASES[case]
+    n = mod.spec.tree.nodes
+    sizes = [n, min(n, 37)] if sizes == "max" else [min(t, n) for t in sizes]
+    g = torch.Generator(cuda).manual_seed(seed)
+    x = make_sparse_inputs(mod.spec, sizes, lens, width, shared=shared, holes=holes, foreign=foreign,
+                           window=256, device=cuda, generator=g)
+    for union in (True, False):
+        run_and_check(mod, x, f"{spec_name} ({arch or 'own'} plan) {case} union={union} "
+                              f"unions={x.union_sizes()}", union)
+
+
+@pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
+def test_random_batches_up_to_64_requests(sparse_module, cuda, seed, arch):
+    mod = sparse_module("glm5_dsa_sm120", arch)
+    rng, g = random.Random(seed), torch.Generator(cuda).manual_seed(seed)
+    for _ in range(3):
+        batch = rng.choice([2, 8, 33, 64])
+        sizes = [rng.choice([0, 1, 2, 16, 17, 64, rng.randint(0, 64)]) for _ in range(batch)]
+        lens = [rng.choice([0, 1, 63, 2048, rng.randint(0, 12000)]) for _ in range(batch)]
+        width = rng.choice([2048, 2048, 512, 100])
+        x = make_sparse_inputs(mod.spec, sizes, lens, width, shared=rng.random(), holes=rng.random() * 0.2,
+                               foreign=rng.random() * 0.2, window=rng.randint(0, 512), device=cuda, generator=g,
+                               tree_kind=rng.choice(["random", "chain", "star", "bits"]))
+        for union in (True, False):
+            run_and_check(mod, x, f"B={batch} T={sizes} L={lens} K'={width} union={union}", union)
+
+
+def test_a_split_whose_list_outgrows_the_set_runs_in_rounds(sparse_module, cuda, seed):
+    """One split per request (target_ctas 1): a row tile's 4 tokens with disjoint lists of 2048
+    name 8192 slots, twice the set's 4096, so the union kernel halves its partition (rounds); the
+    gather kernel's splits stay within one list's capacity."""
+    mod = sparse_module("glm5_dsa_sm120", None)
+    x = make_sparse_inputs(mod.spec, [16, 4], [60000, 30000], 2048, shared=0.0, device=cuda,
+                           generator=torch.Generator(cuda).manual_seed(seed))
+    for union in (True, False):
+        step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=union)
+        step._block.values.target_ctas = 1  # the schedule's one knob: a request's tile gets one split
+        run_and_check(mod, x, f"one split per request, union={union}", union, step)
+
+
+def test_rows_that_list_nothing_and_see_no_tree_token_get_zero_and_minus_inf(sparse_module, cuda, seed):
+    mod = sparse_module("glm5_dsa_sm120", None)
+    x = make_sparse_inputs(mod.spec, [8, 3], [5000, 4000], 2048, tree_kind="bits", device=cuda,
+                           generator=torch.Generator(cuda).manual_seed(seed))
+    for row in (0, 5, 9):  # nothing listed, nothing visible
+        x.topk_indices[row] = -1
+        x.base.tree_mask[row] = 0
+    x.topk_indices[2] = -1  # nothing listed, but its tree
+    o, lse = x.ref()
+    assert torch.isinf(lse[[0, 5, 9]]).all() and torch.isfinite(lse[2]).all()
+    run_and_check(mod, x, "empty rows")
+
+
+def test_kgen_validate_rejects_duplicate_and_out_of_range_slots(sparse_module, cuda, seed, monkeypatch):
+    mod = sparse_module("glm5_dsa_sm120", None)
+    monkeypatch.setenv("KGEN_VALIDATE", "1")
+    x = make_sparse_inputs(mod.spec, [4], [3000], 64, device=cuda, generator=torch.Generator(cuda).manual_seed(seed))
+    run_and_check(mod, x, "valid lists under KGEN_VALIDATE")
+    dup = x.topk_indices.clone()
+    dup[2, 7] = dup[2, 30]
+    with pytest.raises(ValueError, match="topk_indices: row 2 lists a slot more than once"):
+        mod.sparse_verify_attention(*x.args()[:4], dup, x.base.op_mask)
+    far = x.topk_indices.clone()
+    far[1, 3] = x.base.kv_cache.shape[0]
+    with pytest.raises(ValueError, match="topk_indices: a slot lies outside kv_cache"):
+        mod.sparse_verify_attention(*x.args()[:4], far, x.base.op_mask)
+
+
+def test_bad_arguments_get_one_line_errors(sparse_module, cuda, seed):
+    mod = sparse_module("glm5_dsa_sm120", None)
+    x = make_sparse_inputs(mod.spec, [4], [300], 64, device=cuda, generator=torch.Generator(cuda).manual_seed(seed))
+    q, cache, k_tree, qo, topk, mask = x.args()
+    with pytest.raises(TypeError, match="topk_indices: expected dtype torch.int32"):
+        mod.sparse_verify_attention(q, cache, k_tree, qo, topk.long(), mask)
+    with pytest.raises(ValueError, match="index_topk 2048"):
+        mod.prepare_sparse(qo, torch.zeros(4, 2049, dtype=torch.int32, device=cuda), mask)
+    with pytest.raises(ValueError, match="tree_mask: expected size 4 in dim 0"):
+        mod.prepare_sparse(qo, topk, mask[:3])
+    with pytest.raises(ValueError, match="q: expected size 4 in dim 0"):
+        mod.sparse_verify_attention(q[:3], cache, k_tree, qo, topk, mask)
+    with pytest.raises(ValueError, match="kv_scale"):
+        mod.sparse_verify_attention(q, cache, k_tree, qo, topk, mask, kv_scale=2.0)
+
+
+def test_the_custom_op_passes_opcheck_and_matches(sparse_module, cuda, seed):
+    mod = sparse_module("glm5_dsa_sm120", None)
+    x = make_sparse_inputs(mod.spec, [5, 2], [3000, 700], 512, holes=0.1, device=cuda,
+                           generator=torch.Generator(cuda).manual_seed(seed))
+    torch.library.opcheck(torch.ops.kgen.sparse_verify_attention, (*x.args(), mod.spec.name))
+    o, lse = torch.ops.kgen.sparse_verify_attention(*x.args(), mod.spec.name)
+    assert_close_attention(o, lse, *x.ref(), what="torch.ops.kgen.sparse_verify_attention")
+
+
+def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
+    mod = sparse_module("glm5_dsa_sm120", None)
+    x = make_sparse_inputs(mod.spec, [16, 3], [5000, 100], 2048, device=cuda,
+                           generator=torch.Generator(cuda).manual_seed(seed))
+    step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
+    out, lse = x.base.outputs()
+    run = lambda: step.verify(x.base.q, x.base.kv_cache, x.base.k_tree, out=out, lse=lse)  # noqa: E731
+    run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(names) == 2 and names[0].startswith("sparse_verify_attn__") and names[1].startswith("sparse_combine__"), names
+
+
+@pytest.mark.parametrize("spec_name", ["glm5_dsa_sm120", "glm5_dsa_fp8_sm120"])
+def test_a_graph_replays_with_new_lists(sparse_module, cuda, seed, spec_name):
+    """Two layers' calls of one step in one graph, replayed after new tree splits, lists, masks,
+    queries and caches are copied into the captured tensors (each layer keeps its kv_scale)."""
+    mod = sparse_module(spec_name, None)
+    rng, g = random.Random(seed), torch.Generator(cuda).manual_seed(seed)
+    dims = replace(Dims.of(mod.spec), kv_dtype="bfloat16")
+    fp8_kv = mod.spec.cache.kv_dtype == "float8_e4m3fn"
+    scales = [rng.uniform(0.25, 4.0) if fp8_kv else 1.0 for _ in range(2)]
+    sizes, pool_pages, width = [16, 9, 1, 30], 900, 2048
+
+    def randn(t):
+        return torch.randn(t.shape, generator=g, device=cuda, dtype=t.dtype)
+
+    def batch():
+        """Layer 0's and layer 1's inputs: the same metadata, each layer its own q, cache and keys."""
+        tokens = list(sizes)
+        rng.shuffle(tokens)  # the same 56 tokens, split otherwise
+        x = make_sparse_inputs(dims, tokens, [rng.randint(0, 12000) for _ in tokens], width, shared=rng.random(),
+                               holes=0.05, device=cuda, generator=g, num_pages=pool_pages,
+                               tree_kind=rng.choice(["random", "bits"]))
+        unused = x.base.kv_cache[:, 0].isnan()
+        other = replace(x.base, q=randn(x.base.q), k_tree=randn(x.base.k_tree),
+                        kv_cache=randn(x.base.kv_cache).masked_fill(unused[:, None], float("nan")))
+        return [SparseInputs(b.to_fp8(s) if fp8_kv else b, x.topk_indices) for b, s in zip((x.base, other), scales)]
+
+    first = batch()
+    meta = {"qo_indptr": first[0].base.qo_indptr.clone(), "topk": first[0].topk_indices.clone(),
+            "mask": first[0].base.tree_mask.clone()}
+    bufs = [{"q": x.base.q.clone(), "cache": x.base.kv_cache.clone(), "k_tree": x.base.k_tree.clone()} for x in first]
+    step = mod.prepare_sparse(meta["qo_indptr"], meta["topk"], meta["mask"])
+    outs = [first[0].base.outputs() for _ in first]
+
+    def forward():
+        for b, s, (o, l) in zip(bufs, scales, outs):
+            step.verify(b["q"], b["cache"], b["k_tree"], kv_scale=s, out=o, lse=l)
+
+    graph = capture(forward)
+    for replay in range(3):
+        new = batch()
+        meta["qo_indptr"].copy_(new[0].base.qo_indptr)
+        meta["topk"].copy_(new[0].topk_indices)
+        meta["mask"].copy_(new[0].base.tree_mask)
+        for b, x in zip(bufs, new):
+            b["q"].copy_(x.base.q)
+            b["cache"].copy_(x.base.kv_cache)
+            b["k_tree"].copy_(x.base.k_tree)
+        for o, l in outs:
+            poison_(o)
+            poison_(l)
+        graph.replay()
+        torch.cuda.synchronize()
+        for layer, (x, (o, l)) in enumerate(zip(new, outs)):
+            what = f"{spec_name} replay {replay} layer {layer} T={x.base.qo_indptr.diff().tolist()}"
+            assert_all_written(o, f"{what} out")
+            assert_all_written(l, f"{what} lse")
+            assert_close_attention(o, l, *x.ref(), **tolerances(mod.spec), what=what)
