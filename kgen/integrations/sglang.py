@@ -54,13 +54,16 @@ def plugin() -> None:
 
 def register() -> None:
     """Check the installed SGLang (sglang_compat.check), then add the "kgen" backend to its
-    registry and CLI choices (idempotent); with KGEN_DEFRAG=1 also install the defrag hook."""
-    from . import sglang_defrag
+    registry and CLI choices (idempotent); with KGEN_DEFRAG=1 also install the defrag hook, with
+    KGEN_DSA=1 kgen's DSA backend (sglang_dsa.py)."""
+    from . import sglang_defrag, sglang_dsa
 
     compat.check()
     compat.register_backend(NAME, create_backend)
     if sglang_defrag.enabled():
         sglang_defrag.install()
+    if sglang_dsa.enabled():
+        sglang_dsa.install()
 
 
 def create_backend(model_runner):

@@ -38,7 +38,8 @@ class Name:
     """`path` in `module`: a module attribute or `Class.attr`. `params`: the parameters kgen
     passes (a callable must accept them). `instance`: an attribute set on the object in a method
     (`self.x = ...`), checked on a built object. `versions`: the releases whose bridge uses it.
-    `defrag`: used only by the opt-in defrag hook (KGEN_DEFRAG=1)."""
+    `defrag`: used only by the opt-in defrag hook (KGEN_DEFRAG=1). `dsa`: used only by kgen's
+    opt-in DSA backend (KGEN_DSA=1, sglang_dsa.py)."""
 
     module: str
     path: str
@@ -46,6 +47,7 @@ class Name:
     instance: bool = False
     versions: tuple[str, ...] = SUPPORTED
     defrag: bool = False
+    dsa: bool = False
 
 
 def _names(module: str, *paths: str, **kw) -> tuple[Name, ...]:
@@ -56,6 +58,40 @@ _TRITON = "sglang.srt.layers.attention.triton_backend"
 _POOL = "sglang.srt.mem_cache.memory_pool"
 _BATCH = "sglang.srt.model_executor.forward_batch_info"
 _METHOD = ("q", "k", "v", "layer", "forward_batch", "save_kv_cache")
+
+# ---- kgen's DSA backend (KGEN_DSA=1, sglang_dsa.py): checked only when it is installed ----------
+_DSA = "sglang.srt.layers.attention.dsa_backend"
+_DSA_META = "sglang.srt.layers.attention.dsa.dsa_indexer_metadata"
+_DSA_METHOD = (*_METHOD, "q_rope", "k_rope", "topk_indices")
+DSA_NAMES: tuple[Name, ...] = tuple(dataclasses.replace(n, dsa=True) for n in (
+    # registration: the registry's "dsa" entry, the server-arg resolution step kgen wraps
+    Name("sglang.srt.layers.attention.attention_registry", "ATTENTION_BACKENDS"),
+    Name("sglang.srt.arg_groups.resolution_hooks", "register_resolution_hook", ("name",)),
+    Name("sglang.srt.arg_groups.speculative_hook", "handle_speculative_decoding", ("server_args",)),
+    Name("sglang.srt.arg_groups.overrides", "declare_resolution", ("server_args", "source")),
+    Name("sglang.srt.arg_groups.model_override_base", "resolved_view", ("server_args",)),
+    # the DSA backend kgen's extends, and what kgen reads of it
+    Name(_DSA, "DeepseekSparseAttnBackend.__init__", ("model_runner",)),
+    Name(_DSA, "DeepseekSparseAttnBackend.init_forward_metadata", ("forward_batch",)),
+    Name(_DSA, "DeepseekSparseAttnBackend.init_cuda_graph_state", ("max_bs", "max_num_tokens")),
+    Name(_DSA, "DeepseekSparseAttnBackend.init_forward_metadata_out_graph", ("forward_batch", "in_capture")),
+    Name(_DSA, "DeepseekSparseAttnBackend.forward_extend", _DSA_METHOD),
+    Name(_DSA, "DeepseekSparseAttnBackend.forward_decode", _DSA_METHOD),
+    Name(_DSA, "DeepseekSparseAttnBackend.get_indexer_metadata", ("layer_id", "forward_batch")),
+    *_names(_DSA, *(f"DeepseekSparseAttnBackend.{a}" for a in (
+        "token_to_kv_pool", "forward_metadata", "use_fused_topk", "dsa_kv_cache_store_fp8", "dsa_index_topk",
+        "speculative_num_draft_tokens", "topk", "hisparse_coordinator")), instance=True),
+    Name(_DSA, "DeepseekSparseAttnBackend.dcp_size", instance=True, versions=SUPPORTED[1:]),
+    Name(_DSA, "DSAMetadata.page_table_1"),
+    # the indexer's metadata, whose top-k kgen makes tree-aware
+    Name(_DSA_META, "DSAIndexerMetadata.topk_transform", ("logits", "topk")),
+    Name(_DSA_META, "DSAIndexerMetadata.attn_metadata"),
+    # the pool: its class, writing the new latent rows (k_nope | k_rope) as the DSA backend does
+    Name(_POOL, "DSATokenToKVPool"),
+    Name(_POOL, "MLATokenToKVPool.set_mla_kv_buffer", ("layer",)),
+    Name("sglang.srt.model_executor.model_runner", "ModelRunner.is_draft_worker", instance=True),
+    Name("sglang.srt.model_executor.model_runner", "ModelRunner.page_size", instance=True),
+))
 
 NAMES: tuple[Name, ...] = (
     # registration: the attention registry and the CLI choices
@@ -112,6 +148,7 @@ NAMES: tuple[Name, ...] = (
             "TokenToKVPoolAllocator.release_pages", instance=True, defrag=True),
     *_names(_POOL, "MLATokenToKVPool.kv_buffer", "ReqToTokenPool.req_to_token", instance=True, defrag=True),
     *_names("sglang.srt.runtime_context", "get_memory", "get_spec", defrag=True),
+    *DSA_NAMES,
 )
 
 
@@ -149,14 +186,16 @@ def _accepts(fn, params: tuple[str, ...]) -> str | None:
 
 
 @functools.cache
-def check(defrag: bool = False) -> str:
+def check(defrag: bool = False, dsa: bool = False) -> str:
     """The installed SGLang's version, after checking it is supported and every name kgen's
-    backend (and, with `defrag`, the defrag hook) uses exists and takes kgen's parameters."""
+    backend (and, with `defrag`, the defrag hook; with `dsa`, kgen's DSA backend) uses exists and
+    takes kgen's parameters."""
     version = installed_version()
     if version not in SUPPORTED:
         raise _fail(version, "this version is not supported, so the 'kgen' attention backend is not registered")
     for name in NAMES:
-        if name.instance or version not in name.versions or (name.defrag and not defrag):
+        if (name.instance or version not in name.versions or (name.defrag and not defrag)
+                or (name.dsa and not dsa)):
             continue
         try:
             importlib.import_module(name.module)
@@ -172,12 +211,15 @@ def check(defrag: bool = False) -> str:
     return version
 
 
-def check_instance(obj, cls: str, defrag: bool = False) -> None:
+def check_instance(obj, cls: str, defrag: bool = False, dsa: bool = False) -> None:
     """`obj` (an instance of SGLang's `cls`, or an object standing in for one) carries every
-    attribute kgen's backend (and, with `defrag`, the defrag hook) reads of a `cls`."""
+    attribute kgen's backend (and, with `defrag`, the defrag hook; with `dsa`, kgen's DSA backend)
+    reads of a `cls` in the installed release."""
+    version = check()
     for name in NAMES:
         owner, _, attr = name.path.rpartition(".")
-        if name.instance and (defrag or not name.defrag) and owner == cls and not hasattr(obj, attr):
+        if (name.instance and (defrag or not name.defrag) and (dsa or not name.dsa) and owner == cls
+                and version in name.versions and not hasattr(obj, attr)):
             raise _fail(check(), f"a {cls} has no attribute {attr!r} (expected from {name.module})")
 
 
@@ -281,3 +323,79 @@ def is_plain_token_allocator(allocator) -> bool:
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 
     return type(allocator) is TokenToKVPoolAllocator
+
+
+# ---- kgen's DSA backend's view of SGLang (KGEN_DSA=1, sglang_dsa.py) ------------------------------
+
+
+def backend_factory(name: str):
+    """The attention registry's factory for `name`."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    return ATTENTION_BACKENDS[name]
+
+
+def replace_backend(name: str, factory) -> None:
+    """Make `factory` the attention registry's entry for `name` (a backend SGLang already has)."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    ATTENTION_BACKENDS[name] = factory
+
+
+def register_resolution_hook(step: str, hook) -> None:
+    """Wrap SGLang's server-arg resolution step `step` with hook(server_args, previous)."""
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook as register
+
+    register(step)(hook)
+
+
+def resolved_view(server_args):
+    """What SGLang's resolution has decided so far (read-only)."""
+    from sglang.srt.arg_groups.model_override_base import resolved_view as view
+
+    return view(server_args)
+
+
+def declare_resolution(server_args, source: str, **fields) -> None:
+    """Decide server-arg fields during resolution (the last declaration wins)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution as declare
+
+    declare(server_args, source, **fields)
+
+
+def dsa_backend_class() -> type:
+    from sglang.srt.layers.attention.dsa_backend import DeepseekSparseAttnBackend
+
+    return DeepseekSparseAttnBackend
+
+
+def dsa_indexer_metadata_class() -> type:
+    from sglang.srt.layers.attention.dsa.dsa_indexer_metadata import DSAIndexerMetadata
+
+    return DSAIndexerMetadata
+
+
+def is_draft_runner(model_runner) -> bool:
+    return bool(model_runner.is_draft_worker)
+
+
+def is_dsa_pool(pool) -> bool:
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+    return isinstance(pool, DSATokenToKVPool)
+
+
+def dsa_dcp_size(backend) -> int:
+    """Decode context parallelism of a DSA backend (0.5.21's has none)."""
+    return backend.dcp_size if since("0.5.22") else 1
+
+
+def dsa_page_table_1(backend):
+    """The batch's token-level page table [rows, max_len] (a row per query token)."""
+    return backend.forward_metadata.page_table_1
+
+
+def save_dsa_kv(backend, layer, forward_batch, k, k_rope) -> None:
+    """Store the batch's new latent rows (k_nope | k_rope) in the layer's DSA pool, as the DSA
+    backend stores them."""
+    backend.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
