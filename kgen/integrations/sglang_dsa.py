@@ -249,9 +249,7 @@ def physical_lists(lists: torch.Tensor, page_table_1: torch.Tensor) -> torch.Ten
 
 def _kgen_for_model(backend, runner) -> tuple[KgenDSA | None, str]:
     """kgen's half for this model runner, or None and why SGLang's DSA backend keeps every mode."""
-    import kgen
     from kgen.arch import arch_for_capability
-    from kgen.spec import parse_spec
 
     compat.check_instance(runner, "ModelRunner")
     compat.check_instance(backend, "DeepseekSparseAttnBackend", dsa=True)
@@ -274,22 +272,26 @@ def _kgen_for_model(backend, runner) -> tuple[KgenDSA | None, str]:
     if len(kinds) != 1:
         return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
     (heads, scale), = kinds
-    path = os.environ.get("KGEN_SGLANG_SPEC")
-    if path:
-        spec = kgen.load_spec(path)
-    else:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        spec = parse_spec(dict(
-            name="sglang_dsa",
-            model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
-                       softmax_scale=scale, index_topk=backend.dsa_index_topk),
-            cache=dict(page_size=runner.page_size, **cache),
-            tree=dict(max_nodes=max(1, backend.speculative_num_draft_tokens or 1)),
-            target=dict(arch=arch_for_capability(props.major, props.minor).name)), "the SGLang model config")
-    module = kgen.jit(spec)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    module = sparse_module(dict(
+        name="sglang_dsa",
+        model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
+                   softmax_scale=scale, index_topk=backend.dsa_index_topk),
+        cache=dict(page_size=runner.page_size, **cache),
+        tree=dict(max_nodes=max(1, backend.speculative_num_draft_tokens or 1)),
+        target=dict(arch=arch_for_capability(props.major, props.minor).name)))
     if not hasattr(module, "sparse_verify_attention"):
-        return None, f"kgen spec {spec.name} has no sparse verify (model.index_topk, DESIGN §12)"
+        return None, f"kgen spec {module.spec.name} has no sparse verify (model.index_topk, DESIGN §12)"
     return KgenDSA(module, compat.key_buffer(backend, layers[0]).shape[0]), ""
+
+
+def sparse_module(spec_data: dict):
+    """kgen's compiled module for the spec derived from the model (or KGEN_SGLANG_SPEC's)."""
+    import kgen
+    from kgen.spec import parse_spec
+
+    path = os.environ.get("KGEN_SGLANG_SPEC")
+    return kgen.jit(kgen.load_spec(path) if path else parse_spec(spec_data, "the SGLang model config"))
 
 
 class _KgenDSAMethods:
