@@ -144,10 +144,14 @@ def backend(seed: int) -> dict:
                   off_reason=kb.kgen_off_reason, spec=specs[0], selection={}, errors={}, stored={}, kgen_calls={})
     layer = runner.layer
 
-    def run(name, step):
+    def run(name, step, capture=None):
+        """One batch, its metadata eager or (capture True/False) through the CUDA-graph hooks."""
         step.load(runner)
         fb = step.forward_batch(runner)
-        kb.init_forward_metadata(fb)
+        if capture is None:
+            kb.init_forward_metadata(fb)
+        else:
+            kb.init_forward_metadata_out_graph(fb, in_capture=capture)
         sglangs.init_forward_metadata(fb)
         width = kb.forward_metadata.page_table_1.shape[1]
         logits = step.logits(width, "cpu")
@@ -173,6 +177,14 @@ def backend(seed: int) -> dict:
     run("tree", DSAStep(harness, [70, 130, 5], 8, gen))
     run("chain", DSAStep(harness, [90, 200], 8, gen, chain=True))
     fb, (q_nope, k_nope, q_rope, k_rope, lists) = run("decode", DSAStep(harness, [77, 150, 3], 0, gen))
+
+    # the CUDA-graph hooks: buffers allocated once, metadata rewritten in place for each replay
+    kb.init_cuda_graph_state(harness.max_bs, harness.max_bs * harness.draft_tokens)
+    stable = []
+    for i, lens in enumerate(([60, 100, 7], [120, 33, 64], [5, 190, 80])):
+        run(f"graph{i}", DSAStep(harness, lens, 8, gen), capture=i == 0)
+        stable.append(all(getattr(kb._kgen_tree, k).data_ptr() == v.data_ptr() for k, v in kb.kgen.graph.items()))
+    report["graph_buffers"] = stable
 
     # calls kgen does not serve go to SGLang's DSA backend (its kernels stood in by a recorder)
     routed = []

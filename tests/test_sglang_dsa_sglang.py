@@ -9,7 +9,8 @@ each part in a fresh interpreter with KGEN_DSA=1; see there what is stood in, an
 - the real KgenDSABackend class, built through SGLang's registry on a GLM-5-shaped runner (one
   DSA layer, 8 heads, DSATokenToKVPool page 64, bf16 rows): the indexer hook's top-k is
   tree-aware on a tree (each token scores the prefix and its own ancestors), equals SGLang's own
-  selection on a chain and in decode; TARGET_VERIFY (tree, chain) and DECODE run kgen's sparse
+  selection on a chain and in decode; TARGET_VERIFY (tree, chain; eager and through the CUDA-graph
+  metadata hooks, capture then replays in the same buffers) and DECODE run kgen's sparse
   verify (its §12 reference standing in for the kernel) and match attention computed from the
   selected lists, store the new rows; calls kgen does not serve go to SGLang's DSA backend; with
   kgen off, EAGLE trees are refused at construction in one line.
@@ -92,10 +93,18 @@ def test_the_indexer_hook_is_tree_aware_and_is_sglangs_own_selection_on_a_chain(
     assert sel["decode"]["kind"] == "DSAIndexerMetadata"
 
 
+RUNS = ("tree", "chain", "decode", "graph0", "graph1", "graph2")
+
+
 def test_verify_and_decode_run_kgens_sparse_verify_on_the_selected_lists(report):
-    assert report["kgen_calls"] == dict(tree=1, chain=1, decode=1)
+    assert report["kgen_calls"] == {name: 1 for name in RUNS}
     assert max(report["errors"].values()) <= 1e-2, report["errors"]
-    assert report["stored"] == dict(tree=True, chain=True, decode=True)
+    assert report["stored"] == {name: True for name in RUNS}
+
+
+def test_the_graph_hooks_rewrite_fixed_buffers_and_stay_tree_aware(report):
+    assert report["graph_buffers"] == [True] * 3  # the capture's buffers, rewritten for each replay
+    assert all(report["selection"][f"graph{i}"]["tree_aware"] for i in range(3))
 
 
 def test_calls_kgen_does_not_serve_go_to_sglangs_dsa_backend(report):
