@@ -5,10 +5,11 @@ tests/test_sglang_dsa_gpu.py (GPU), targeting the installed sglang 0.5.23.
 `DSAHarness` publishes a GLM-5-shaped SGLang configuration (`--attention-backend dsa`, page size
 64, EAGLE with `topk` branches, the DSA top-k on torch) and builds model runners with exactly what
 the DSA backends read of one: a DSATokenToKVPool (bf16 or fp8 scaled rows), a req_to_token pool,
-a GLM-5 config (transformers' glm_moe_dsa, one layer, `heads` heads per rank) and one absorbed-MLA
+a GLM-5 config (its DSA fields, one layer, `heads` heads per rank) and one absorbed-MLA
 RadixAttention layer. `DSAStep` is one TARGET_VERIFY (n > 0 draft tokens per request, a random
 tree or a chain) or DECODE (n = 0) batch in SGLang's own terms, over prefixes at whole pages
-scattered over the pool, plus the indexer's logits and the reference the tests compare with.
+scattered over the pool, plus the indexer's logits (by a reference of its logits kernel's
+contract) and the references the tests compare with.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class DSAHarness:
                  dsa_decode_backend: str = "triton"):
         from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
         from sglang.srt.runtime_context import get_context, get_parallel
-        from transformers import GlmMoeDsaConfig
+        from transformers import PretrainedConfig
 
         self.device, self.heads, self.max_bs, self.context_len = torch.device(device), heads, max_bs, context_len
         self.index_topk, self.draft_tokens, self.dtype = index_topk, draft_tokens, KV_DTYPES[kv_cache_dtype]
@@ -43,8 +44,10 @@ class DSAHarness:
         self._server_args.install()
         self._parallel = get_parallel().override(attn_tp_size=1, attn_dcp_rank=0)
         self._parallel.__enter__()
-        self.hf = GlmMoeDsaConfig(num_hidden_layers=1, indexer_types=["full"], architectures=["GlmMoeDsaForCausalLM"],
-                                  num_attention_heads=heads, index_topk=index_topk)
+        # GLM-5's config fields the DSA path reads (any transformers version: no glm_moe_dsa class needed)
+        self.hf = PretrainedConfig(architectures=["GlmMoeDsaForCausalLM"], num_hidden_layers=1, indexer_types=["full"],
+                                   num_attention_heads=heads, index_topk=index_topk, index_head_dim=128,
+                                   index_n_heads=32, kv_lora_rank=R, qk_rope_head_dim=P, qk_nope_head_dim=192)
 
     def runner(self) -> types.SimpleNamespace:
         from sglang.srt.configs.model_config import AttentionArch
@@ -141,9 +144,16 @@ class DSAStep:
         return fb
 
     def logits(self, width: int, device) -> torch.Tensor:
-        """The indexer's logits [rows, width] (column = position in the request), fresh per step."""
+        """The indexer's logits [rows, width] (column = position t in the request), by a reference
+        of the contract of its fp8 paged-MQA logits kernel (DeepGEMM's, which the test machines
+        lack): logits[i, t] = sum_h w[i, h] · relu(<q[i, h], k[t]>), over random index queries
+        (32 heads of 128), head weights and index keys of the request's tokens."""
         gen = torch.Generator().manual_seed(self.logits_seed)
-        return torch.randn(self.q.shape[0], width, generator=gen).to(device)
+        rows = self.q.shape[0]
+        q = torch.randn(rows, 32, 128, generator=gen)
+        w = torch.rand(rows, 32, generator=gen)
+        keys = torch.randn(width, 128, generator=gen)  # column t: the request's token at position t
+        return torch.einsum("ih,iht->it", w, torch.relu(torch.einsum("ihd,td->iht", q, keys))).to(device)
 
     def inputs(self, device):
         """(q_nope [T, H, 512], k_nope [T, 1, 512], q_rope [T, H, 64], k_rope [T, 1, 64]) as

@@ -23,8 +23,11 @@ ROW_BYTES = LATENT + 4 * (LATENT // BLOCK) + 2 * ROPE  # 656
 
 
 def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
-    """Cache rows [n, (1,) width] -> [n, 576] float64: bf16 as given, 656-byte rows dequantized."""
+    """Cache rows [n, (1,) width] -> [n, 576] float64: bf16 as given, 656-byte rows (uint8, or
+    float8-typed as SGLang's pool holds them) dequantized."""
     rows = rows.reshape(rows.shape[0], -1)
+    if rows.dtype == torch.float8_e4m3fn and rows.shape[1] == ROW_BYTES:  # SGLang's float8-typed 656-byte rows
+        rows = rows.view(torch.uint8)
     if rows.dtype != torch.uint8:
         return rows.double()
     if rows.shape[1] != ROW_BYTES:

@@ -218,8 +218,11 @@ class KgenDSA:
         """One layer: q as SGLang's absorbed-core call passes it (q_nope [R, H·512] or [R, H, 512],
         q_rope [R, H, 64]), the layer's cache (the tree tokens' rows already stored), the layer's
         top-k lists -> o [R, H, 512]. The tree tokens' own keys are their rows in the cache, read
-        as SGLang's DSA backend reads them."""
+        as SGLang's DSA backend reads them. SGLang keeps 656-byte scaled rows in a float8-typed
+        tensor; kgen reads them as the bytes they are (DESIGN §11)."""
         rows = tree.slots.shape[0]
+        if kv_cache.dtype == torch.float8_e4m3fn and kv_cache.shape[-1] != self.dim:
+            kv_cache = kv_cache.view(torch.uint8)
         q = torch.cat([q_nope.reshape(rows, self.heads, self.vdim),
                        q_rope.reshape(rows, self.heads, self.dim - self.vdim)], dim=-1)
         k_tree = kv_cache.reshape(kv_cache.shape[0], -1)[tree.slots]
