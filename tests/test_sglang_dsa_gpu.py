@@ -6,7 +6,8 @@ DSATokenToKVPool with page size 64), with kgen's compiled sparse verify kernel:
   DeepseekSparseAttnBackend's TARGET_VERIFY on the same inputs and the same selected lists (its
   pure-Triton sparse MLA, `--dsa-decode-backend triton`), relative L2 <= 1e-2; the lists kgen's
   indexer hook selects equal SGLang's own; DECODE likewise;
-- tree (topk = 4), fp8 scaled rows (656 bytes, written by SGLang's own writer): every tree token
+- tree (topk = 4), fp8 scaled rows (656 bytes, written by SGLang's own writer; skipped while kgen's
+  sparse specs lack cache.scales per_block) and bf16 rows: every tree token
   against the float64 attention over the lists the tree-aware indexer selected (the selection
   itself checked against the rule: prefix plus the token's own ancestors), eager and replayed
   from a captured CUDA graph (the indexer's top-k and the attention in the graph, SGLang's
@@ -39,11 +40,12 @@ MAX_BS, CONTEXT, TOL = 4, 8192, 1e-2
 
 
 def _setup(cuda, **kw) -> DSAHarness:
+    _skip_without_sparse_specs(**(dict(kv_dtype="float8_e4m3fn", scales="per_block")
+                                  if kw["kv_cache_dtype"] == "fp8_e4m3" else {}))
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("sglang is not installed (bench/gpu_sglang.sh installs the carried wheels)")
     if os.environ.get("SGLANG_DSA_FUSE_TOPK") != "0":
         pytest.skip("needs SGLANG_DSA_FUSE_TOPK=0 (SGLang's fused top-k is sgl_kernel's): bench/gpu_sglang.sh sets it")
-    _skip_without_sparse_specs()
     stood_in = stand_in_missing()
     print(f"stood in for: {stood_in + ['the indexer fp8 paged-MQA logits kernel (a reference of its contract)']}")
     os.environ["KGEN_DSA"] = "1"
@@ -53,7 +55,8 @@ def _setup(cuda, **kw) -> DSAHarness:
     return DSAHarness(cuda, max_bs=MAX_BS, context_len=CONTEXT, **kw)
 
 
-def _skip_without_sparse_specs() -> None:
+def _skip_without_sparse_specs(**cache) -> None:
+    """Skip unless this kgen builds sparse specs (model.index_topk) with these cache fields."""
     import yaml
 
     from kgen.errors import SpecError
@@ -61,10 +64,11 @@ def _skip_without_sparse_specs() -> None:
 
     data = yaml.safe_load((Path(__file__).resolve().parents[1] / "specs" / "glm5_sm120.yaml").read_text())
     data["model"]["index_topk"] = 2048
+    data["cache"].update(cache)
     try:
         parse_spec(data)
     except SpecError as e:
-        pytest.skip(f"this kgen has no sparse specs yet (model.index_topk, DESIGN §12): {e}")
+        pytest.skip(f"this kgen has no sparse specs with cache {cache or 'bf16'} yet (DESIGN §11-§12): {e}")
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +112,15 @@ def test_kgen_matches_sglangs_dsa_backend_on_a_chain(chain_setup, seed, verify):
         assert err <= TOL, f"batch {i} (lens {lens}): kgen vs SGLang's DSA verify, rel L2 {err:.3g}"
 
 
-@pytest.fixture(scope="module")
-def tree_setup(cuda):
-    harness = _setup(cuda, topk=4, draft_tokens=16, kv_cache_dtype="fp8_e4m3")
+@pytest.fixture(scope="module", params=["fp8_e4m3", "bfloat16"])
+def tree_setup(cuda, request):
+    harness = _setup(cuda, topk=4, draft_tokens=16, kv_cache_dtype=request.param)
     runner = harness.runner()
     kb = harness.backend(runner)
     assert kb.kgen is not None, kb.kgen_off_reason
     assert not kb.use_fused_topk
-    assert runner.token_to_kv_pool.get_key_buffer(0).shape[-1] == 656, "expected SGLang's 656-byte fp8 scaled rows"
+    width = runner.token_to_kv_pool.get_key_buffer(0).shape[-1]
+    assert width == (656 if request.param == "fp8_e4m3" else 576), f"SGLang's pool rows are {width} wide"
     return harness, runner, kb
 
 
@@ -142,13 +147,14 @@ def _check_rows_written_by_sglang(step, runner):
     assert err <= 0.08, f"SGLang's fp8 rows do not read back as DESIGN §11 says (rel L2 {err:.3g})"
 
 
-def test_tree_verify_on_fp8_scaled_rows_matches_the_reference_eager(tree_setup, seed):
+def test_tree_verify_matches_the_reference_eager(tree_setup, seed):
     harness, runner, kb = tree_setup
     gen = torch.Generator().manual_seed(seed)
     for i, lens in enumerate(([100, 3000, 5000, 64], [2040, 2048, 6000], [1], [7900, 300])):
         step = DSAStep(harness, lens, 16, gen)
         step.load(runner)
-        _check_rows_written_by_sglang(step, runner)
+        if harness.dtype == torch.float8_e4m3fn:
+            _check_rows_written_by_sglang(step, runner)
         fb = step.forward_batch(runner)
         kb.init_forward_metadata(fb)
         logits = step.logits(kb.forward_metadata.page_table_1.shape[1], runner.device)
