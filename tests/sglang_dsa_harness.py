@@ -17,6 +17,7 @@ from __future__ import annotations
 import types
 
 import torch
+from sglang_harness import Step
 
 R, P = 512, 64  # kv_lora_rank, qk_rope_head_dim
 SCALE = 0.0625
@@ -70,7 +71,7 @@ class DSAHarness:
             device=dev, gpu_id=self.device.index or 0, page_size=64, model_config=config, req_to_token_pool=req,
             token_to_kv_pool=pool, hisparse_coordinator=None, is_draft_worker=False, kv_cache_dtype=self.dtype,
             max_running_requests=self.max_bs, sliding_window_size=None, model=torch.nn.ModuleList([layer]),
-            layer=layer)
+            layer=layer, kv_index_translator=None)  # None: Step.forward_batch binds no KV-loc plan
 
     def backend(self, runner, name: str = "dsa"):
         """The backend SGLang's attention registry builds for `name` (kgen's with KGEN_DSA=1)."""
@@ -79,11 +80,12 @@ class DSAHarness:
         return ATTENTION_BACKENDS[name](runner)
 
 
-class DSAStep:
+class DSAStep(Step):
     """One batch: prefix lengths `lens`; a verify batch (n tree tokens per request, each request's
     tree tokens right after its prefix) or a decode batch (n = 0: the new token is the last of
     `lens`). Slots fill whole pages, the pages a random permutation of the pool's (page 0 is
-    SGLang's padding page); the pool holds random rows."""
+    SGLang's padding page); the pool holds random rows. The ForwardBatch (and its verify input) is
+    built as sglang_harness.Step builds it."""
 
     def __init__(self, harness: DSAHarness, lens: list[int], n: int, gen: torch.Generator, *, chain: bool = False):
         from kgen.mask import mask_from_parents, unpack_bits
@@ -103,12 +105,8 @@ class DSAStep:
         self.out_cache_loc = torch.cat([r[-per:] for r in self.rows]).long()
         parents = tree_parents("chain" if chain else "random", len(lens), per, generator=gen, device="cpu")
         self.visible = unpack_bits(mask_from_parents(parents, words=(per + 31) // 32), per)  # [R, per]
+        self.tree = self.visible.view(len(lens), per, per)  # what Step.custom_mask reads
         self.logits_seed = int(torch.randint(1 << 30, (1,), generator=gen))
-
-    def custom_mask(self) -> torch.Tensor:
-        n = self.n
-        return torch.cat([torch.cat([torch.ones(n, length, dtype=torch.bool), self.visible[b * n:(b + 1) * n]], 1)
-                          .flatten() for b, length in enumerate(self.lens)])
 
     def load(self, runner) -> None:
         """Write the req_to_token rows (request b in row b + 1) and the prefix rows: bf16 as they
@@ -121,27 +119,6 @@ class DSAStep:
         kv = self.rows_bf16[slots].to(torch.bfloat16).to(runner.device).unsqueeze(1)
         runner.token_to_kv_pool.set_mla_kv_buffer(runner.layer, slots.to(runner.device), kv[..., :R].contiguous(),
                                                   kv[..., R:].contiguous())
-
-    def forward_batch(self, runner):
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
-        from sglang.srt.speculative.eagle_info import EagleVerifyInput
-
-        dev, bs, per = runner.device, len(self.lens), max(self.n, 1)
-        tokens = bs * per
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY if self.verify else ForwardMode.DECODE, batch_size=bs,
-            input_ids=torch.zeros(tokens, dtype=torch.int64, device=dev),
-            req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(self.lens, dtype=torch.int32, device=dev),
-            seq_lens_cpu=torch.tensor(self.lens, dtype=torch.int32), out_cache_loc=self.out_cache_loc.to(dev),
-            seq_lens_sum=sum(self.lens), positions=torch.zeros(tokens, dtype=torch.int64, device=dev))
-        if self.verify:
-            fb.spec_info = EagleVerifyInput(
-                draft_token=fb.input_ids, custom_mask=self.custom_mask().to(dev), positions=fb.positions,
-                retrieve_index=None, retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None,
-                spec_steps=self.n - 1, topk=2, draft_token_num=self.n, capture_hidden_mode=CaptureHiddenMode.FULL,
-                seq_lens_sum=fb.seq_lens_sum, seq_lens_cpu=fb.seq_lens_cpu)
-        return fb
 
     def logits(self, width: int, device) -> torch.Tensor:
         """The indexer's logits [rows, width] (column = position t in the request), by a reference

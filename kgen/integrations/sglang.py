@@ -201,6 +201,17 @@ class KgenMLA:
                 and not layer.is_cross_attention and layer.xai_temperature_len <= 0)
 
 
+def absorbed_mla_kind(cfg, layers) -> tuple[tuple[int, float] | None, str]:
+    """(heads per GPU, softmax scale) of the model's one kind of absorbed-MLA attention layer
+    (q·k over kv_lora_rank + qk_rope_head_dim dims, values kv_lora_rank wide), or None and why."""
+    dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    kinds = {(m.tp_q_head_num, float(m.scaling)) for m in layers
+             if m.qk_head_dim == dim and m.v_head_dim == cfg.kv_lora_rank}
+    if len(kinds) != 1:
+        return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
+    return next(iter(kinds)), ""
+
+
 def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     """kgen's half for this model runner, or None and why kgen stays out of the way."""
     import kgen
@@ -220,15 +231,13 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     if kv_dtype is None:
         return None, f"KV cache dtype {runner.kv_cache_dtype} (kgen reads {' or '.join(KV_DTYPES.values())})"
     cfg = runner.model_config
-    dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
     layers = compat.attention_layers(runner.model)
     for layer in layers:
         compat.check_instance(layer, "RadixAttention")
-    kinds = {(m.tp_q_head_num, float(m.scaling)) for m in layers
-             if m.qk_head_dim == dim and m.v_head_dim == cfg.kv_lora_rank}
-    if len(kinds) != 1:
-        return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
-    (heads, scale), = kinds
+    kind, why = absorbed_mla_kind(cfg, layers)
+    if kind is None:
+        return None, why
+    heads, scale = kind
     path = os.environ.get("KGEN_SGLANG_SPEC")
     if path:
         spec = kgen.load_spec(path)

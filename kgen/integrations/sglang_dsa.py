@@ -42,9 +42,9 @@ import torch
 from ..errors import KgenError
 from ..mask import mask_from_dense, mask_from_sglang, unpack_bits
 from . import sglang_compat as compat
+from .sglang import DECODE, VERIFY, absorbed_mla_kind, kgen_mode
 
 NAME = "dsa"
-VERIFY, DECODE = "verify", "decode"
 TREE_DRAFT_BACKENDS = ("flashinfer", "fa3", "triton")  # draft backends SGLang lets draft trees at page size > 1
 logger = logging.getLogger(__name__)
 
@@ -108,16 +108,6 @@ def tree_metadata_class() -> type:
             return super().topk_transform(logits, topk, **kwargs)
 
     return TreeIndexerMetadata
-
-
-def dsa_mode(forward_batch) -> str | None:
-    """The forward modes kgen serves (VERIFY, DECODE), or None: SGLang's DSA backend."""
-    mode = forward_batch.forward_mode
-    if mode.is_target_verify():
-        return VERIFY
-    if mode.is_decode() and forward_batch.spec_info is None:
-        return DECODE
-    return None
 
 
 # ---- kgen's half: SGLang's lists and tree -> kgen's sparse verify inputs ------------------------
@@ -186,7 +176,8 @@ class KgenDSA:
                 raise RuntimeError("KgenDSA.plan(graph=True) before init_graph()")
             fixed = {}
             for field in ("qo_indptr", "tree_mask", "slots", "row_base", "cols", "hidden"):
-                fixed[field] = self.graph[field][:bs + 1 if field == "qo_indptr" else rows]
+                buf = self.graph[field][:bs + 1 if field == "qo_indptr" else rows]
+                fixed[field] = buf[:, :n] if field in ("cols", "hidden") else buf  # decode: n = 1 column
                 fixed[field].copy_(getattr(tree, field))
             tree = Tree(n=n, **fixed)
         self.slot_tree[tree.slots] = torch.arange(rows, dtype=torch.int32, device=dev)
@@ -268,13 +259,11 @@ def _kgen_for_model(backend, runner) -> tuple[KgenDSA | None, str]:
     else:
         return None, f"KV cache dtype {runner.kv_cache_dtype} without scaled rows (kgen reads bf16 or 656-byte fp8 rows)"
     cfg = runner.model_config
-    dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
     layers = compat.attention_layers(runner.model)
-    kinds = {(m.tp_q_head_num, float(m.scaling)) for m in layers
-             if m.qk_head_dim == dim and m.v_head_dim == cfg.kv_lora_rank}
-    if len(kinds) != 1:
-        return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
-    (heads, scale), = kinds
+    kind, why = absorbed_mla_kind(cfg, layers)
+    if kind is None:
+        return None, why
+    heads, scale = kind
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     module = sparse_module(dict(
         name="sglang_dsa",
@@ -338,7 +327,7 @@ class _KgenDSAMethods:
         self._kgen_prepare(forward_batch, graph=True)
 
     def _kgen_prepare(self, fb, *, graph: bool) -> None:
-        mode = dsa_mode(fb) if self.kgen is not None else None
+        mode = kgen_mode(fb) if self.kgen is not None else None
         self.kgen_mode, self._kgen_tree = mode, None
         if mode is None:
             return
