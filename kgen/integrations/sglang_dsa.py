@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cache import env_flag
 from ..errors import KgenError
 from ..mask import mask_from_dense, mask_from_sglang, unpack_bits
 from . import sglang_compat as compat
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 
 def enabled() -> bool:
-    return os.environ.get("KGEN_DSA", "").strip().lower() not in ("", "0", "no", "false", "off")
+    return env_flag("KGEN_DSA")
 
 
 # ---- registration ---------------------------------------------------------------------------
