@@ -81,6 +81,12 @@ def allow_trees(server_args, previous) -> None:
     that draft backend; afterwards the attention backend is "dsa" again."""
     view = compat.resolved_view(server_args)
     backend, draft = view.attention_backend, view.speculative_draft_attention_backend
+    if backend == NAME and draft not in TREE_DRAFT_BACKENDS and (view.speculative_eagle_topk or 0) > 1 \
+            and (view.page_size or 1) > 1:
+        raise ValueError(f"EAGLE trees (--speculative-eagle-topk {view.speculative_eagle_topk}) at page size "
+                         f"{view.page_size} with kgen's DSA backend need --speculative-draft-attention-backend "
+                         f"{', '.join(TREE_DRAFT_BACKENDS[:-1])} or {TREE_DRAFT_BACKENDS[-1]} (SGLang's DSA draft "
+                         f"decodes chains only); got {draft!r}")
     if backend != NAME or draft not in TREE_DRAFT_BACKENDS:
         previous(server_args)
         return
