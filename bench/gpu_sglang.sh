@@ -19,8 +19,10 @@ for wheel in sorted(glob.glob(".whl/*.whl")):
         print(wheel)
 PY
 echo "installing: $(xargs -n1 basename < /tmp/kgen_wheels.txt | tr '\n' ' ')"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    $(cat /tmp/kgen_wheels.txt) || exit 1
+if [ -s /tmp/kgen_wheels.txt ]; then  # nothing to install when the machine has every carried package
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        $(cat /tmp/kgen_wheels.txt) || exit 1
+fi
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-/tmp/kgen_cache}" \
     SGLANG_DSA_FUSE_TOPK=0
 python3 -c "import importlib.metadata as m, torch; print(torch.cuda.get_device_name(), *(f'{d} {m.version(d)}' for d in

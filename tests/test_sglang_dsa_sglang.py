@@ -84,6 +84,7 @@ def test_the_registry_builds_kgens_dsa_backend_with_kgen_on(report):
                                            index_topk=24)
     assert report["spec"]["cache"] == dict(page_size=64, kv_dtype="bfloat16") and report["spec"]["tree"] == {
         "max_nodes": 8}
+    assert report["spec"]["name"] == "sglang_dsa_h8_k24_bf16_n8"  # one name per spec, process-wide
 
 
 def test_the_indexer_hook_is_tree_aware_and_is_sglangs_own_selection_on_a_chain(report):

@@ -272,12 +272,14 @@ def _kgen_for_model(backend, runner) -> tuple[KgenDSA | None, str]:
         return None, why
     heads, scale = kind
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    nodes = max(1, backend.speculative_num_draft_tokens or 1)
     module = sparse_module(dict(
-        name="sglang_dsa",
+        # one name per spec: kgen's torch ops know a spec by its name, process-wide
+        name=f"sglang_dsa_h{heads}_k{backend.dsa_index_topk}_{'fp8' if 'scales' in cache else 'bf16'}_n{nodes}",
         model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
                    softmax_scale=scale, index_topk=backend.dsa_index_topk),
         cache=dict(page_size=runner.page_size, **cache),
-        tree=dict(max_nodes=max(1, backend.speculative_num_draft_tokens or 1)),
+        tree=dict(max_nodes=nodes),
         target=dict(arch=arch_for_capability(props.major, props.minor).name)))
     if not hasattr(module, "sparse_verify_attention"):
         return None, f"kgen spec {module.spec.name} has no sparse verify (model.index_topk, DESIGN §12)"
