@@ -70,7 +70,10 @@ def resolve(capability: str) -> dict:
                     kv_cache_dtype=view.kv_cache_dtype, topk=view.speculative_eagle_topk,
                     draft_backend=view.speculative_draft_attention_backend)
 
-    without = run(speculative_draft_attention_backend="triton")
+    draft = dict(speculative_draft_attention_backend="triton")
+    if capability.startswith("12"):  # docs/sglang.md: the draft's own pool in bf16 rows on sm_120
+        draft["speculative_draft_kv_cache_dtype"] = "bf16"
+    without = run(**draft)
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
     from sglang.srt.plugins import load_plugins
 
@@ -79,7 +82,7 @@ def resolve(capability: str) -> dict:
     import kgen.integrations.sglang_dsa as ks
 
     entry = ATTENTION_BACKENDS["dsa"]
-    return dict(stood_in=STOOD_IN, without_kgen=without, with_kgen=run(speculative_draft_attention_backend="triton"),
+    return dict(stood_in=STOOD_IN, without_kgen=without, with_kgen=run(**draft),
                 with_kgen_dsa_draft=run(),
                 registry=dict(kgens=getattr(entry, "func", None) is ks.create_backend,
                               own_is_sglangs=getattr(entry, "keywords", {}).get("own") is sglangs,
