@@ -17,7 +17,6 @@ SGLang's own DSA attention kernels (only to record that a call went to them).
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import types
@@ -119,10 +118,11 @@ def backend(seed: int) -> dict:
     from sglang.srt.plugins import load_plugins
 
     load_plugins()
-    from sglang_dsa_harness import R, DSAHarness, DSAStep, rel_l2
+    from sglang_dsa_harness import DSAHarness, DSAStep, rel_l2
     from sparse_reference import ReferenceModule, dequantize_rows
 
     import kgen.integrations.sglang_dsa as ks
+    from kgen.integrations.sglang_sparse import physical_lists
 
     specs = []
 
@@ -171,7 +171,7 @@ def backend(seed: int) -> dict:
         out = forward(q_nope, k_nope, k_nope, layer, fb, True, q_rope=q_rope, k_rope=k_rope, topk_indices=ours)
         report["kgen_calls"][name] = len(kb.kgen.module.calls) - calls
         rows = dequantize_rows(runner.token_to_kv_pool.get_key_buffer(0))
-        lists = ks.physical_lists(ours, kb.forward_metadata.page_table_1)
+        lists = physical_lists(ours, kb.forward_metadata.page_table_1)
         report["errors"][name] = rel_l2(out, step.reference(rows, lists))
         report["stored"][name] = torch.equal(rows[fb.out_cache_loc.long()],
                                              torch.cat([k_nope, k_rope], -1)[:, 0].double())

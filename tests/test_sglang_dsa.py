@@ -20,7 +20,7 @@ import pytest
 import torch
 from sparse_reference import ReferenceModule, dequantize_rows, quantize_rows
 
-from kgen.integrations.sglang_dsa import KgenDSA, physical_lists
+from kgen.integrations.sglang_sparse import KgenDSA, physical_lists
 from kgen.mask import mask_from_parents, unpack_bits
 from kgen.reference import attend
 from kgen.testing import tree_parents
@@ -119,8 +119,8 @@ def test_hide_non_ancestors_hides_exactly_the_tree_tokens_off_each_rows_path(see
 def _sglang_mask(batch: Batch) -> torch.Tensor:
     """SGLang's flat verify custom_mask for the batch's tree (per request [n, L + n], row-major)."""
     n = batch.n
-    return torch.cat([torch.cat([torch.ones(n, length, dtype=torch.bool), batch.visible[b * n:(b + 1) * n]], 1).flatten()
-                      for b, length in enumerate(batch.prefix_lens)])
+    return torch.cat([torch.cat([torch.ones(n, length, dtype=torch.bool), batch.visible[b * n:(b + 1) * n]], 1)
+                      .flatten() for b, length in enumerate(batch.prefix_lens)])
 
 
 def _direct(batch: Batch, q, cache_rows):

@@ -127,7 +127,7 @@ def tree_setup(cuda, request):
 def _check_tree(step, runner, kb, logits, lists, out, what):
     """The lists are the tree-aware selection (logical positions: SGLANG_DSA_FUSE_TOPK=0) and
     out is attention over them, against the float64 reference on the dequantized pool."""
-    from kgen.integrations.sglang_dsa import physical_lists
+    from kgen.integrations.sglang_sparse import physical_lists
 
     selected = [set(r) - {-1} for r in lists.cpu().tolist()]
     assert selected == step.reference_selection(logits.cpu(), kb.dsa_index_topk, tree_aware=True), \
