@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from kgen.plan import KV_BYTES
+from kgen import kvrows
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADS = (8, 16)
@@ -100,7 +100,7 @@ def spec_for(base, heads: int, tree: int, page_size: int):
 def work(shape: Shape, spec) -> tuple[int, int]:
     """(KV bytes read once, FLOPs) of one call."""
     m = spec.model
-    row = m.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    row = kvrows.row_bytes(spec)
     keys = shape.L if shape.decode else shape.L + shape.T
     return shape.B * keys * row, 2 * shape.B * shape.T * shape.H * keys * (m.head_dim + m.value_dim)
 
@@ -108,7 +108,7 @@ def work(shape: Shape, spec) -> tuple[int, int]:
 def set_bytes(shape: Shape, spec, triton: bool) -> tuple[int, int]:
     """(bytes of one input set with its outputs and Triton's extra inputs, KV bytes a call reads)."""
     m = spec.model
-    row = m.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    row = kvrows.row_bytes(spec)
     pages = math.ceil(shape.L / shape.P) * shape.B
     pool = (pages + max(2, pages // 4)) * shape.P * row
     tokens = shape.B * shape.T
@@ -147,7 +147,8 @@ def lse_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def cross_check(mod, fwd, spec, page_size: int, device) -> dict:
     """kgen verify vs Triton (and both vs the float64 reference) on one small ragged shape."""
-    from kgen.testing import make_verify_inputs, tolerances
+    from kgen.inputs import make_verify_inputs
+    from kgen.accuracy import tolerances
 
     from .baseline import TritonVerify
 
@@ -179,7 +180,7 @@ def cross_check(mod, fwd, spec, page_size: int, device) -> dict:
 def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: int | None, device,
                   base_name: str) -> dict:
     """One row: kgen's three ops and Triton on K rotated input sets of `shape`."""
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     from .baseline import TritonVerify
     from kgen.timing import time_rotation

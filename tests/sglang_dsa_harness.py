@@ -89,7 +89,7 @@ class DSAStep(Step):
 
     def __init__(self, harness: DSAHarness, lens: list[int], n: int, gen: torch.Generator, *, chain: bool = False):
         from kgen.mask import mask_from_parents, unpack_bits
-        from kgen.testing import tree_parents
+        from kgen.inputs import tree_parents
 
         self.h, self.lens, self.n, self.verify = harness, list(lens), n, n > 0
         per = max(n, 1)

@@ -23,7 +23,7 @@ from sparse_reference import ReferenceModule, dequantize_rows, quantize_rows
 from kgen.integrations.sglang_sparse import KgenDSA, physical_lists
 from kgen.mask import mask_from_parents, unpack_bits
 from kgen.reference import attend
-from kgen.testing import tree_parents
+from kgen.inputs import tree_parents
 
 H, D, DV, SCALE = 4, 576, 512, 0.0625
 SLOTS = 400

@@ -34,12 +34,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
 
-from ..cache import env_flag
+from .. import env
 from ..errors import KgenError
 from . import sglang_compat as compat
 from .sglang import DECODE, VERIFY, absorbed_mla_kind, kgen_mode
@@ -51,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 
 def enabled() -> bool:
-    return env_flag("KGEN_DSA")
+    return env.flag("KGEN_DSA")
 
 
 # ---- registration ---------------------------------------------------------------------------
@@ -164,7 +163,7 @@ def sparse_module(spec_data: dict):
     import kgen
     from kgen.spec import parse_spec
 
-    path = os.environ.get("KGEN_SGLANG_SPEC")
+    path = env.path("KGEN_SGLANG_SPEC")
     return kgen.jit(kgen.load_spec(path) if path else parse_spec(spec_data, "the SGLang model config"))
 
 
