@@ -143,7 +143,26 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
 # ---- the backend ---------------------------------------------------------------------------------
 
 
-class _KgenMethods:
+class BatchHooks:
+    """The metadata hooks of kgen's backends, in front of SGLang's: SGLang's metadata for a forward
+    batch, then kgen's (`_kgen_prepare`), eagerly, before CUDA-graph capture and before each replay;
+    kgen's graph buffers (`_kgen_init_graph`) allocated once with SGLang's."""
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        self._kgen_prepare(forward_batch, graph=False)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+        if self.kgen is not None:
+            self._kgen_init_graph(max_bs)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False, **kwargs):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture, **kwargs)
+        self._kgen_prepare(forward_batch, graph=True, capture=in_capture)
+
+
+class _KgenMethods(BatchHooks):
     """KgenAttnBackend's own methods; backend_class() puts them in front of TritonAttnBackend."""
 
     is_kgen_backend = True  # how the defrag hook (sglang_defrag) knows kgen's backend without importing it
@@ -165,20 +184,9 @@ class _KgenMethods:
         self._kgen_step = None
         self._kgen_graph_steps: dict[tuple, object] = {}
 
-    # -- metadata: once per forward batch (eager, CUDA-graph capture, before each replay) --
-    def init_forward_metadata(self, forward_batch):
-        super().init_forward_metadata(forward_batch)
-        self._kgen_prepare(forward_batch, graph=False)
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-        if self.kgen is not None:
-            self.kgen.init_graph(max_bs)
-            self._kgen_graph_steps.clear()
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False, **kwargs):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture, **kwargs)
-        self._kgen_prepare(forward_batch, graph=True, capture=in_capture)
+    def _kgen_init_graph(self, max_bs: int) -> None:
+        self.kgen.init_graph(max_bs)
+        self._kgen_graph_steps.clear()
 
     def _kgen_prepare(self, fb, *, graph: bool, capture: bool = False) -> None:
         """kgen's inputs and prepared step for this batch. In a CUDA graph the inputs are rewritten

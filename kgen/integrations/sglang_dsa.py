@@ -41,7 +41,7 @@ import torch
 from .. import env
 from ..errors import KgenError
 from . import sglang_compat as compat
-from .sglang import DECODE, VERIFY, absorbed_mla_kind, kgen_mode
+from .sglang import DECODE, VERIFY, BatchHooks, absorbed_mla_kind, kgen_mode
 from .sglang_sparse import KgenDSA, Tree, physical_lists
 
 NAME = "dsa"
@@ -167,7 +167,7 @@ def sparse_module(spec_data: dict):
     return kgen.jit(kgen.load_spec(path) if path else parse_spec(spec_data, "the SGLang model config"))
 
 
-class _KgenDSAMethods:
+class _KgenDSAMethods(BatchHooks):
     """KgenDSABackend's own methods; backend_class() puts them in front of DeepseekSparseAttnBackend."""
 
     def __init__(self, model_runner, *args, **kwargs):
@@ -193,21 +193,13 @@ class _KgenDSAMethods:
         self.kgen_mode: str | None = None  # what the current batch's metadata prepared kgen for
         self._kgen_tree: Tree | None = None
 
-    # -- metadata: once per forward batch (eager, before CUDA-graph capture and each replay) --
-    def init_forward_metadata(self, forward_batch):
-        super().init_forward_metadata(forward_batch)
-        self._kgen_prepare(forward_batch, graph=False)
+    # -- metadata: once per forward batch (BatchHooks: eager, before CUDA-graph capture and each replay) --
+    def _kgen_init_graph(self, max_bs: int) -> None:
+        self.kgen.init_graph(max_bs, max(1, self.speculative_num_draft_tokens or 1))
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-        if self.kgen is not None:
-            self.kgen.init_graph(max_bs, max(1, self.speculative_num_draft_tokens or 1))
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False, **kwargs):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture, **kwargs)
-        self._kgen_prepare(forward_batch, graph=True)
-
-    def _kgen_prepare(self, fb, *, graph: bool) -> None:
+    def _kgen_prepare(self, fb, *, graph: bool, capture: bool = False) -> None:
+        """This batch's tree (graph: in the fixed buffers, the same at capture and every replay;
+        kgen's op runs per layer on the lists, so there is no step to keep)."""
         mode = kgen_mode(fb) if self.kgen is not None else None
         self.kgen_mode, self._kgen_tree = mode, None
         if mode is None:
