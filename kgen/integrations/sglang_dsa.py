@@ -26,7 +26,7 @@ physical slots (or logical positions, with SGLANG_DSA_FUSE_TOPK=0, translated th
 table here); the slots of the batch's own tree tokens are cut out of them into the mask.
 
 `KgenDSA` (sglang_sparse.py) is kgen's half, without SGLang; every SGLang name is in
-sglang_compat.py (its DSA block, checked at registration when KGEN_DSA=1).
+sglang_compat.py and sglang_dsa_compat.py (names: sglang_names.DSA_NAMES, checked at registration when KGEN_DSA=1).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ import torch
 from .. import env
 from ..errors import KgenError
 from . import sglang_compat as compat
+from . import sglang_dsa_compat as dsa_compat
 from .sglang import DECODE, VERIFY, BatchHooks, absorbed_mla_kind, kgen_mode
 from .sglang_sparse import KgenDSA, Tree, physical_lists
 
@@ -62,13 +63,13 @@ def install() -> None:
     own stays the draft workers' factory) and let SGLang's server-arg resolution accept draft
     trees at page size > 1 for it. Idempotent."""
     compat.check(dsa=True)
-    compat.replace_backend(NAME, functools.partial(create_backend, own=compat.backend_factory(NAME)))
-    compat.register_resolution_hook("handle_speculative_decoding", allow_trees)
+    dsa_compat.replace_backend(NAME, functools.partial(create_backend, own=dsa_compat.backend_factory(NAME)))
+    dsa_compat.register_resolution_hook("handle_speculative_decoding", allow_trees)
 
 
 def create_backend(model_runner, own):
     """The "dsa" registry entry: kgen's DSA backend for a target model, SGLang's for a draft."""
-    if compat.is_draft_runner(model_runner):
+    if dsa_compat.is_draft_runner(model_runner):
         return own(model_runner)
     return backend_class()(model_runner)
 
@@ -78,7 +79,7 @@ def allow_trees(server_args, previous) -> None:
     draft decode can branch (flashinfer, fa3, triton). With kgen's DSA backend the draft runs on
     `--speculative-draft-attention-backend` and kgen verifies the tree, so the check is shown
     that draft backend; afterwards the attention backend is "dsa" again."""
-    view = compat.resolved_view(server_args)
+    view = dsa_compat.resolved_view(server_args)
     backend, draft = view.attention_backend, view.speculative_draft_attention_backend
     if backend == NAME and draft not in TREE_DRAFT_BACKENDS and (view.speculative_eagle_topk or 0) > 1 \
             and (view.page_size or 1) > 1:
@@ -89,15 +90,15 @@ def allow_trees(server_args, previous) -> None:
     if backend != NAME or draft not in TREE_DRAFT_BACKENDS:
         previous(server_args)
         return
-    compat.declare_resolution(server_args, "kgen_dsa", attention_backend=draft)
+    dsa_compat.declare_resolution(server_args, "kgen_dsa", attention_backend=draft)
     previous(server_args)
-    compat.declare_resolution(server_args, "kgen_dsa", attention_backend=backend)
+    dsa_compat.declare_resolution(server_args, "kgen_dsa", attention_backend=backend)
 
 
 @functools.cache
 def backend_class() -> type:
     """KgenDSABackend: kgen's methods in front of SGLang's DeepseekSparseAttnBackend."""
-    return type("KgenDSABackend", (_KgenDSAMethods, compat.dsa_backend_class()), {"__module__": __name__})
+    return type("KgenDSABackend", (_KgenDSAMethods, dsa_compat.dsa_backend_class()), {"__module__": __name__})
 
 
 @functools.cache
@@ -105,7 +106,7 @@ def tree_metadata_class() -> type:
     """SGLang's DSAIndexerMetadata whose top-k first hides each row's non-ancestor tree tokens."""
 
     @dataclass(frozen=True)
-    class TreeIndexerMetadata(compat.dsa_indexer_metadata_class()):
+    class TreeIndexerMetadata(dsa_compat.dsa_indexer_metadata_class()):
         tree: Tree | None = None
         kgen: KgenDSA | None = None
 
@@ -125,10 +126,10 @@ def _kgen_for_model(backend, runner) -> tuple[KgenDSA | None, str]:
 
     compat.check_instance(runner, "ModelRunner")
     compat.check_instance(backend, "DeepseekSparseAttnBackend", dsa=True)
-    if backend.hisparse_coordinator is not None or compat.dsa_dcp_size(backend) > 1:
+    if backend.hisparse_coordinator is not None or dsa_compat.dsa_dcp_size(backend) > 1:
         return None, "HiSparse or decode context parallelism is on"
     pool = backend.token_to_kv_pool
-    if not compat.is_dsa_pool(pool):
+    if not dsa_compat.is_dsa_pool(pool):
         return None, f"kgen reads SGLang's DSATokenToKVPool, not a {type(pool).__name__}"
     if runner.kv_cache_dtype == torch.bfloat16:
         cache = dict(kv_dtype="bfloat16")
@@ -246,6 +247,6 @@ class _KgenDSAMethods(BatchHooks):
 
     def _kgen_forward(self, q, k, layer, fb, save_kv_cache: bool, q_rope, k_rope, topk_indices):
         if save_kv_cache:
-            compat.save_dsa_kv(self, layer, fb, k, k_rope)
-        lists = topk_indices if self.use_fused_topk else physical_lists(topk_indices, compat.dsa_page_table_1(self))
+            dsa_compat.save_dsa_kv(self, layer, fb, k, k_rope)
+        lists = topk_indices if self.use_fused_topk else physical_lists(topk_indices, dsa_compat.dsa_page_table_1(self))
         return self.kgen.attend(q, q_rope, compat.key_buffer(self, layer), lists, self._kgen_tree)
