@@ -237,6 +237,23 @@ def test_names_a_release_does_not_use_are_not_checked(fake_sglang):
         compat.check(defrag=True)
 
 
+def test_the_dsa_backends_names_are_checked_only_when_it_is_installed(fake_sglang, monkeypatch):
+    fake_sglang("0.5.23", (Name("json", "loads"), Name("json", "no_such_dsa_name", dsa=True)))
+    assert compat.check() == "0.5.23"
+    with pytest.raises(SGLangError, match=r"^sglang 0\.5\.23: json\.no_such_dsa_name is missing; "):
+        compat.check(dsa=True)
+    # KGEN_DSA=1 with such a release: the plugin logs the line; "kgen" itself is still registered
+    from kgen.integrations import sglang_dsa
+
+    monkeypatch.setenv("KGEN_DSA", "1")
+    registered = []
+    monkeypatch.setattr(compat, "register_backend", lambda name, factory: registered.append(name))
+    sglang_dsa.install.cache_clear()
+    with pytest.raises(SGLangError, match="no_such_dsa_name"):
+        integration.register()
+    assert registered == ["kgen"]
+
+
 def test_an_object_missing_an_attribute_the_backend_reads_is_one_line(fake_sglang):
     fake_sglang("0.5.22", (Name("json", "X.present", instance=True), Name("json", "X.absent", instance=True)))
     obj = type("X", (), {"present": 1})()

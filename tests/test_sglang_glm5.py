@@ -50,7 +50,8 @@ def child(*argv: str, interpret: bool = False) -> dict:
 
 @pytest.fixture(scope="module")
 def resolved(tmp_path_factory):
-    glm5 = [args for args in doc_commands() if args[args.index("--model-path") + 1] == "zai-org/GLM-5"]
+    glm5 = [args for args in doc_commands() if args[args.index("--model-path") + 1] == "zai-org/GLM-5"
+            and args[args.index("--attention-backend") + 1] == "kgen"]  # not GLM-5 sparse (KGEN_DSA=1)
     assert len(glm5) == 2  # docs/sglang.md: sm_90, then sm_120
     return child(str(TESTS / "sglang_resolve_child.py"), str(tmp_path_factory.mktemp("glm5") / "config"),
                  json.dumps(glm5))

@@ -67,12 +67,17 @@ def plugin() -> None:
 def register() -> None:
     """Check the installed SGLang (sglang_compat.check), then add the "kgen" backend to its
     registry and CLI choices and its speculative-decoding resolution step (idempotent); with
-    KGEN_DEFRAG=1 also install the defrag hook."""
+    KGEN_DEFRAG=1 also install the defrag hook, with KGEN_DSA=1 kgen's DSA backend (sglang_dsa.py,
+    imported here: it builds on this module)."""
+    from . import sglang_dsa
+
     compat.check()
     compat.register_backend(NAME, create_backend)
     compat.resolve_speculative_as_triton(NAME)
     if sglang_defrag.enabled():
         sglang_defrag.install()
+    if sglang_dsa.enabled():
+        sglang_dsa.install()
 
 
 def create_backend(model_runner):
@@ -94,6 +99,17 @@ def kgen_mode(forward_batch) -> str | None:
     if mode.is_decode() and forward_batch.spec_info is None:
         return DECODE
     return None
+
+
+def absorbed_mla_kind(cfg, layers) -> tuple[tuple[int, float] | None, str]:
+    """(heads per GPU, softmax scale) of the model's one kind of absorbed-MLA attention layer
+    (q·k over kv_lora_rank + qk_rope_head_dim dims, values kv_lora_rank wide), or None and why."""
+    dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    kinds = {(m.tp_q_head_num, float(m.scaling)) for m in layers
+             if m.qk_head_dim == dim and m.v_head_dim == cfg.kv_lora_rank}
+    if len(kinds) != 1:
+        return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
+    return next(iter(kinds)), ""
 
 
 def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
@@ -131,11 +147,10 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     layers = compat.attention_layers(runner.model)
     for layer in layers:
         compat.check_instance(layer, "RadixAttention")
-    kinds = {(m.tp_q_head_num, float(m.scaling)) for m in layers
-             if m.qk_head_dim == dim and m.v_head_dim == cfg.kv_lora_rank}
-    if len(kinds) != 1:
-        return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
-    (heads, scale), = kinds
+    kind, why = absorbed_mla_kind(cfg, layers)
+    if kind is None:
+        return None, why
+    heads, scale = kind
     path = env.path("KGEN_SGLANG_SPEC")
     if path:
         spec = kgen.load_spec(path)
@@ -182,7 +197,26 @@ def scaled_row_bytes(cfg) -> int:
 # ---- the backend ---------------------------------------------------------------------------------
 
 
-class _KgenMethods:
+class BatchHooks:
+    """The metadata hooks of kgen's backends, in front of SGLang's: SGLang's metadata for a forward
+    batch, then kgen's (`_kgen_prepare`), eagerly, before CUDA-graph capture and before each replay;
+    kgen's graph buffers (`_kgen_init_graph`) allocated once with SGLang's."""
+
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        self._kgen_prepare(forward_batch, graph=False)
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+        if self.kgen is not None:
+            self._kgen_init_graph(max_bs)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False, **kwargs):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture, **kwargs)
+        self._kgen_prepare(forward_batch, graph=True, capture=in_capture)
+
+
+class _KgenMethods(BatchHooks):
     """KgenAttnBackend's own methods; backend_class() puts them in front of TritonAttnBackend."""
 
     is_kgen_backend = True  # how the defrag hook (sglang_defrag) knows kgen's backend without importing it
@@ -207,20 +241,9 @@ class _KgenMethods:
         self._kgen_step = None
         self._kgen_graph_steps: dict[tuple, object] = {}
 
-    # -- metadata: once per forward batch (eager, CUDA-graph capture, before each replay) --
-    def init_forward_metadata(self, forward_batch):
-        super().init_forward_metadata(forward_batch)
-        self._kgen_prepare(forward_batch, graph=False)
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-        if self.kgen is not None:
-            self.kgen.init_graph(max_bs)
-            self._kgen_graph_steps.clear()
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False, **kwargs):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture, **kwargs)
-        self._kgen_prepare(forward_batch, graph=True, capture=in_capture)
+    def _kgen_init_graph(self, max_bs: int) -> None:
+        self.kgen.init_graph(max_bs)
+        self._kgen_graph_steps.clear()
 
     def _kgen_prepare(self, fb, *, graph: bool, capture: bool = False) -> None:
         """kgen's inputs and prepared step for this batch. In a CUDA graph the inputs are rewritten

@@ -73,14 +73,16 @@ def _accepts(fn, params: tuple[str, ...]) -> str | None:
 
 
 @functools.cache
-def check(defrag: bool = False) -> str:
+def check(defrag: bool = False, dsa: bool = False) -> str:
     """The installed SGLang's version, after checking it is supported and every name kgen's
-    backend (and, with `defrag`, the defrag hook) uses exists and takes kgen's parameters."""
+    backend (and, with `defrag`, the defrag hook; with `dsa`, kgen's DSA backend) uses exists and
+    takes kgen's parameters."""
     version = installed_version()
     if version not in SUPPORTED:
         raise _fail(version, "this version is not supported, so the 'kgen' attention backend is not registered")
     for name in NAMES:
-        if name.instance or version not in name.versions or (name.defrag and not defrag):
+        if (name.instance or version not in name.versions or (name.defrag and not defrag)
+                or (name.dsa and not dsa)):
             continue
         try:
             importlib.import_module(name.module)
@@ -96,12 +98,15 @@ def check(defrag: bool = False) -> str:
     return version
 
 
-def check_instance(obj, cls: str, defrag: bool = False) -> None:
+def check_instance(obj, cls: str, defrag: bool = False, dsa: bool = False) -> None:
     """`obj` (an instance of SGLang's `cls`, or an object standing in for one) carries every
-    attribute kgen's backend (and, with `defrag`, the defrag hook) reads of a `cls`."""
+    attribute kgen's backend (and, with `defrag`, the defrag hook; with `dsa`, kgen's DSA backend)
+    reads of a `cls` in the installed release."""
+    version = check()
     for name in NAMES:
         owner, _, attr = name.path.rpartition(".")
-        if name.instance and (defrag or not name.defrag) and owner == cls and not hasattr(obj, attr):
+        if (name.instance and (defrag or not name.defrag) and (dsa or not name.dsa) and owner == cls
+                and version in name.versions and not hasattr(obj, attr)):
             raise _fail(check(), f"a {cls} has no attribute {attr!r} (expected from {name.module})")
 
 

@@ -6,6 +6,7 @@ tests/test_sglang_compat.py checks NAMES against each supported release's own so
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 SUPPORTED = ("0.5.21", "0.5.22", "0.5.23")
@@ -18,7 +19,8 @@ class Name:
     """`path` in `module`: a module attribute or `Class.attr`. `params`: the parameters kgen
     passes (a callable must accept them). `instance`: an attribute set on the object in a method
     (`self.x = ...`), checked on a built object. `versions`: the releases whose bridge uses it.
-    `defrag`: used only by the opt-in defrag hook (KGEN_DEFRAG=1)."""
+    `defrag`: used only by the opt-in defrag hook (KGEN_DEFRAG=1). `dsa`: used only by kgen's
+    opt-in DSA backend (KGEN_DSA=1, sglang_dsa.py)."""
 
     module: str
     path: str
@@ -26,6 +28,7 @@ class Name:
     instance: bool = False
     versions: tuple[str, ...] = SUPPORTED
     defrag: bool = False
+    dsa: bool = False
 
 
 def _names(module: str, *paths: str, **kw) -> tuple[Name, ...]:
@@ -37,6 +40,40 @@ _ARGS = "sglang.srt.arg_groups"
 _POOL = "sglang.srt.mem_cache.memory_pool"
 _BATCH = "sglang.srt.model_executor.forward_batch_info"
 _METHOD = ("q", "k", "v", "layer", "forward_batch", "save_kv_cache")
+
+# ---- kgen's DSA backend (KGEN_DSA=1, sglang_dsa.py): checked only when it is installed ----------
+_DSA = "sglang.srt.layers.attention.dsa_backend"
+_DSA_META = "sglang.srt.layers.attention.dsa.dsa_indexer_metadata"
+_DSA_METHOD = (*_METHOD, "q_rope", "k_rope", "topk_indices")
+DSA_NAMES: tuple[Name, ...] = tuple(dataclasses.replace(n, dsa=True) for n in (
+    # registration: the registry's "dsa" entry, the server-arg resolution step kgen wraps
+    Name("sglang.srt.layers.attention.attention_registry", "ATTENTION_BACKENDS"),
+    Name("sglang.srt.arg_groups.resolution_hooks", "register_resolution_hook", ("name",)),
+    Name("sglang.srt.arg_groups.speculative_hook", "handle_speculative_decoding", ("server_args",)),
+    Name("sglang.srt.arg_groups.overrides", "declare_resolution", ("server_args", "source")),
+    Name("sglang.srt.arg_groups.model_override_base", "resolved_view", ("server_args",)),
+    # the DSA backend kgen's extends, and what kgen reads of it
+    Name(_DSA, "DeepseekSparseAttnBackend.__init__", ("model_runner",)),
+    Name(_DSA, "DeepseekSparseAttnBackend.init_forward_metadata", ("forward_batch",)),
+    Name(_DSA, "DeepseekSparseAttnBackend.init_cuda_graph_state", ("max_bs", "max_num_tokens")),
+    Name(_DSA, "DeepseekSparseAttnBackend.init_forward_metadata_out_graph", ("forward_batch", "in_capture")),
+    Name(_DSA, "DeepseekSparseAttnBackend.forward_extend", _DSA_METHOD),
+    Name(_DSA, "DeepseekSparseAttnBackend.forward_decode", _DSA_METHOD),
+    Name(_DSA, "DeepseekSparseAttnBackend.get_indexer_metadata", ("layer_id", "forward_batch")),
+    *_names(_DSA, *(f"DeepseekSparseAttnBackend.{a}" for a in (
+        "token_to_kv_pool", "forward_metadata", "use_fused_topk", "dsa_kv_cache_store_fp8", "dsa_index_topk",
+        "speculative_num_draft_tokens", "topk", "hisparse_coordinator")), instance=True),
+    Name(_DSA, "DeepseekSparseAttnBackend.dcp_size", instance=True, versions=SUPPORTED[1:]),
+    Name(_DSA, "DSAMetadata.page_table_1"),
+    # the indexer's metadata, whose top-k kgen makes tree-aware
+    Name(_DSA_META, "DSAIndexerMetadata.topk_transform", ("logits", "topk")),
+    Name(_DSA_META, "DSAIndexerMetadata.attn_metadata"),
+    # the pool: its class, writing the new latent rows (k_nope | k_rope) as the DSA backend does
+    Name(_POOL, "DSATokenToKVPool"),
+    Name(_POOL, "MLATokenToKVPool.set_mla_kv_buffer", ("layer",)),
+    Name("sglang.srt.model_executor.model_runner", "ModelRunner.is_draft_worker", instance=True),
+    Name("sglang.srt.model_executor.model_runner", "ModelRunner.page_size", instance=True),
+))
 
 NAMES: tuple[Name, ...] = (
     # registration: the attention registry and the CLI choices
@@ -110,4 +147,5 @@ NAMES: tuple[Name, ...] = (
             "TokenToKVPoolAllocator.release_pages", instance=True, defrag=True),
     *_names(_POOL, "MLATokenToKVPool.kv_buffer", "ReqToTokenPool.req_to_token", instance=True, defrag=True),
     *_names("sglang.srt.runtime_context", "get_memory", "get_spec", defrag=True),
+    *DSA_NAMES,
 )
