@@ -26,7 +26,7 @@
 //   e4m3(p * P_SCALE): both round to 3 mantissa bits (docs/fp8.md).
 // The scales come back in fp32 in the softmax and in the final 1/l.
 #pragma once
-#include "kgen/rows.cuh"
+#include "kgen/mma_rows.cuh"
 
 namespace kgen {
 
@@ -93,27 +93,6 @@ __device__ __forceinline__ bool is_producer() { return threadIdx.x >= C::CONSUME
 template <class C>
 __device__ __forceinline__ mbarrier* q_full(char* smem) {
     return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + 2 * C::STAGES;
-}
-
-// First key dim of this warp group's k-step `ks`: its value/latent slice, then its rope steps.
-template <class C>
-__device__ __forceinline__ int key_dim(int group, int ks) {
-    return ks < C::VALUE_STEPS ? group * C::DV_G + ks * C::K_STEP
-                               : C::DV + ((ks - C::VALUE_STEPS) * C::DIM_GROUPS + group) * C::K_STEP;
-}
-
-// Whether group `group` has a k-step `ks` (the rope steps may not divide evenly among groups).
-template <class C>
-__device__ __forceinline__ bool has_step(int group, int ks) {
-    return ks < C::VALUE_STEPS || (ks - C::VALUE_STEPS) * C::DIM_GROUPS + group < C::ROPE_STEPS;
-}
-
-// d += a * b in the MMA type of the config.
-template <class C>
-__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if constexpr (C::MMA_E4M3) mma_16832_e4m3(d, a, b0, b1);
-    else if constexpr (C::MMA_F16) mma_16816_f16(d, a, b0, b1);
-    else mma_16816(d, a, b0, b1);
 }
 
 // Per-thread state of a CTA attending BM query rows: the warp's Q fragments (for its key dims),
@@ -185,13 +164,7 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
     st.score_scale = scale_log2;
     st.out_scale = 1.f;
     if constexpr (!C::KV_FP8) {
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int ks = 0; ks < C::K_STEPS; ++ks) {
-                const int r = w.wrow0 + mt * 16 + (w.lane % 16);
-                ldmatrix_x4(st.qf[mt][ks], smem + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
-            }
+        ldmatrix_q<C>(st.qf, smem, w.wrow0, w.group, w.lane);
     } else {
         float* inv_q = reinterpret_cast<float*>(smem + C::ALPHA_OFF);  // free until the first tile
         const char* my_row = smem + w.red_row * C::Q_STRIDE;
@@ -255,115 +228,6 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     __syncthreads();  // Q is in registers: the ring may be refilled
 }
 
-// Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
-// in the k order of the P·V B fragments built from ldmatrix.trans (see value_fragments): key
-// 2q+i+8h of the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
-template <class C>
-__device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1) {
-    if constexpr (C::MMA_E4M3) {
-        const int k = c % 16, pos = c - k + 4 * ((k % 8) / 2) + 2 * (k / 8);
-        *reinterpret_cast<unsigned short*>(p_row + pos) = pack_e4m3x2(p0 * C::P_SCALE, p1 * C::P_SCALE);
-    } else if constexpr (C::MMA_F16) {
-        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_half2(p0, p1);
-    } else {
-        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
-    }
-}
-
-// B operands of S = Q·K^T for the k-step at byte k_byte of the K_BLOCK keys from key0: kb[n] for
-// keys key0 + [8n, 8n + 8).
-template <class C>
-__device__ __forceinline__ void key_fragments(unsigned (&kb)[C::K_BLOCK / 8][2], const char* kt, int key0, int k_byte,
-                                              int lane) {
-    unsigned r[4];
-    if constexpr (C::MMA_F16) {
-        // 16 dims of 32 keys: register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
-        // pairs (the permuted k order quantize_q gives Q).
-        ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            kb[i][0] = e4m3x2_to_f16x2(r[i]);
-            kb[i][1] = e4m3x2_to_f16x2(r[i] >> 16);
-        }
-    } else {
-        // 32 bytes of 16 keys: r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
-        ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
-        kb[0][0] = r[0];
-        kb[0][1] = r[1];
-        kb[1][0] = r[2];
-        kb[1][1] = r[3];
-    }
-}
-
-// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
-// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
-// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
-// interleaves them).
-template <class C>
-__device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
-                                                int dim, int lane) {
-    if constexpr (!C::KV_FP8) {
-        unsigned b[4];
-        ldmatrix_x4_trans(b, kt + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
-        vb[0][0][0] = b[0];
-        vb[0][0][1] = b[1];
-        vb[0][1][0] = b[2];
-        vb[0][1][1] = b[3];
-    } else {
-        // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: t[i] holds keys 8i+2q, 8i+2q+1
-        // of dims 2g, 2g+1.
-        unsigned t[4];
-        ldmatrix_x4_trans(t, kt + (key0 + lane) * C::KV_STRIDE + dim);
-        if constexpr (C::MMA_E4M3) {
-            // k = 32: byte permutes gather keys {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in.
-            vb[0][0][0] = __byte_perm(t[0], t[1], 0x6420);
-            vb[0][0][1] = __byte_perm(t[2], t[3], 0x6420);
-            vb[0][1][0] = __byte_perm(t[0], t[1], 0x7531);
-            vb[0][1][1] = __byte_perm(t[2], t[3], 0x7531);
-        } else {
-            // k = 16 in key order: keys 2q, 2q+1 (register 0) and 2q+8, 2q+9 (register 1) of k-step s
-            // are t[2s] and t[2s+1]; a permute puts each dim's two keys side by side for the f16 convert.
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const unsigned even_odd = __byte_perm(t[2 * s + i], 0, 0x3120);
-                    vb[s][0][i] = e4m3x2_to_f16x2(even_odd);
-                    vb[s][1][i] = e4m3x2_to_f16x2(even_odd >> 16);
-                }
-        }
-    }
-}
-
-// o_acc += P · V for this warp's rows and value dims over one staged tile.
-template <class C>
-__device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, const char* kt, const WarpCoords& w) {
-    constexpr int STEPS = C::V_BLOCK / C::K_STEP;  // MMA k-steps per key block
-    const int lane = w.lane;
-#pragma unroll
-    for (int key0 = 0; key0 < C::BN; key0 += C::V_BLOCK) {
-        unsigned pf[C::M_TILES][STEPS][4];
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int s = 0; s < STEPS; ++s)
-                ldmatrix_x4(pf[mt][s], p_smem + (w.wrow0 + mt * 16 + (lane % 16)) * C::P_STRIDE +
-                                           (key0 / C::K_STEP + s) * 32 + (lane / 16) * 16);
-#pragma unroll
-        for (int np = 0; np < C::DV_G / 16; ++np) {
-            unsigned vb[STEPS][2][2];
-            value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane);
-#pragma unroll
-            for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-                for (int s = 0; s < STEPS; ++s) {
-                    mma<C>(st.o_acc[mt][2 * np], pf[mt][s], vb[s][0][0], vb[s][0][1]);
-                    mma<C>(st.o_acc[mt][2 * np + 1], pf[mt][s], vb[s][1][0], vb[s][1][1]);
-                }
-        }
-    }
-}
-
 // Producer: stage key rows [tile*BN, tile*BN + BN) of each tile of [tile_begin, tile_end) into
 // the ring, one bulk copy per row (lane), as soon as the compute warps free a stage.
 template <class C, class Keys>
@@ -384,109 +248,6 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
     }
 }
 
-// 1. This warp's partial scores over its group's key dims of staged tile `kt`, into s_part
-// [group][row][key] for the row block's reducers.
-template <class C>
-__device__ __forceinline__ void partial_scores(const AttnState<C>& st, const char* kt, float* s_part,
-                                               const WarpCoords& w) {
-    float s_acc[C::M_TILES][C::BN / 8][4];
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-        for (int n = 0; n < C::BN / 8; ++n)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = 0.f;
-#pragma unroll
-    for (int ks = 0; ks < C::K_STEPS; ++ks) {
-        if (!has_step<C>(w.group, ks)) continue;  // warp-uniform
-#pragma unroll
-        for (int key0 = 0; key0 < C::BN; key0 += C::K_BLOCK) {
-            unsigned kb[C::K_BLOCK / 8][2];
-            key_fragments<C>(kb, kt, key0, key_dim<C>(w.group, ks) * C::KV_ELEM, w.lane);
-#pragma unroll
-            for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-                for (int n = 0; n < C::K_BLOCK / 8; ++n)
-                    mma<C>(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
-        }
-    }
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-        for (int n = 0; n < C::BN / 8; ++n) {
-            const float* a = s_acc[mt][n];
-            const int r = w.wrow0 + mt * 16 + w.g, c = n * 8 + 2 * w.q4;
-            float* dst = s_part + (w.group * C::BM + r) * C::S_STRIDE + c;
-            *reinterpret_cast<float2*>(dst) = make_float2(a[0], a[1]);
-            *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2], a[3]);
-        }
-}
-
-// 2. Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
-// softmax (base 2), its probabilities into P and the row's rescale factor alpha.
-template <class C, class Visible>
-__device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, int tile, int num_keys,
-                                             const Visible& visible, const WarpCoords& w) {
-    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
-    const int red_row = w.red_row, red_col0 = w.red_col0;
-    float s[C::RED_COLS];
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
-#pragma unroll
-    for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
-        const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
-#pragma unroll
-        for (int c = 0; c < C::RED_COLS; c += 2) {
-            const float2 v = *reinterpret_cast<const float2*>(part + c);
-            s[c] += v.x; s[c + 1] += v.y;
-        }
-    }
-    float tile_max = neg_inf();
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) {
-        const int key = tile * C::BN + red_col0 + c;
-        s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
-        tile_max = fmaxf(tile_max, s[c]);
-    }
-    // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
-    // and the reduction across the row's reducers is skipped.
-    if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
-#pragma unroll
-        for (int off = 1; off < C::RED_THREADS; off *= 2)
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-    }
-    const SoftmaxStep step = online_softmax_step(st.row_max, tile_max);
-    float p[C::RED_COLS], tile_sum = 0.f;
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) {
-        p[c] = exp2_fast(s[c] - step.ref);
-        tile_sum += p[c];
-    }
-    st.row_sum = st.row_sum * step.alpha + tile_sum;
-    char* p_smem = smem + C::P_OFF;
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
-    if (threadIdx.x % C::RED_THREADS == 0) reinterpret_cast<float*>(smem + C::ALPHA_OFF)[red_row] = step.alpha;
-}
-
-// 3. Rescale this warp's output rows by their alpha and add P·V for its value columns. Once the
-// running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
-template <class C>
-__device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, const char* kt, const WarpCoords& w) {
-    const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF);
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt) {
-        const float a_lo = alpha_smem[w.wrow0 + mt * 16 + w.g], a_hi = alpha_smem[w.wrow0 + mt * 16 + w.g + 8];
-        if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
-#pragma unroll
-        for (int n = 0; n < C::DV_G / 8; ++n) {
-            st.o_acc[mt][n][0] *= a_lo; st.o_acc[mt][n][1] *= a_lo;
-            st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
-        }
-    }
-    pv_tile<C>(st, smem + C::P_OFF, kt, w);
-}
-
 // Compute warps: attend over the staged tiles, continuing the online softmax in `st`. Per tile:
 // partial scores, then (the row block's warps in step) softmax, then P·V.
 template <class C, class Visible>
@@ -500,11 +261,13 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
         const int stage = ring_wait_full<C>(smem, st.ring_pos);
         const char* kt = smem + stage * C::BN * C::KV_STRIDE;
-        partial_scores<C>(st, kt, s_part, w);
+        float s_acc[C::M_TILES][C::BN / 8][4];  // 1. partial scores over the group's key dims
+        qk_partial<C>(s_acc, st.qf, kt, w.group, 0, w.lane);
+        store_partial<C>(s_part, s_acc, w.group, w.wrow0, 0, w.g, w.q4);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-        softmax_tile<C>(smem, st, tile, num_keys, visible, w);
+        softmax_rows<C>(smem, st, tile, num_keys, visible, w.red_row, w.red_col0);  // 2. (the row block's warps in step)
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-        rescale_and_pv<C>(smem, st, kt, w);
+        rescale_and_pv<C>(st.o_acc, smem, kt, w.wrow0, w.group * C::DV_G, w.lane);  // 3. this warp's value columns
         mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage
     }
 }
@@ -529,36 +292,9 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     if (is_producer<C>()) return;  // its last copies were consumed: nothing of it is pending
     float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
     const WarpCoords w = WarpCoords::of<C>();
-    float row_sum = st.row_sum;
-#pragma unroll
-    for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
-    if (threadIdx.x % C::RED_THREADS == 0) {
-        inv_l_smem[w.red_row] = row_inv_l(row_sum, st.out_scale);
-        part_lse[w.red_row] = row_lse(st.row_max, row_sum);
-    }
+    finish_rows<C>(st, st.out_scale, inv_l_smem, part_lse, w.red_row);
     named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt) {
-        const int r = w.wrow0 + mt * 16 + w.g;
-        const float il_lo = inv_l_smem[r], il_hi = inv_l_smem[r + 8];
-        float* lo = part_o + r * C::DV;
-        float* hi = part_o + (r + 8) * C::DV;
-#pragma unroll
-        for (int np = 0; np < C::DV_G / 16; ++np) {
-            const float* e = st.o_acc[mt][2 * np];
-            const float* o = st.o_acc[mt][2 * np + 1];
-            const int d = w.group * C::DV_G + np * 16;
-            if constexpr (C::KV_FP8) {  // even/odd dim tiles (value_fragments): this lane holds dims d + 4q .. +3
-                *reinterpret_cast<float4*>(lo + d + 4 * w.q4) = make_float4(e[0] * il_lo, o[0] * il_lo, e[1] * il_lo, o[1] * il_lo);
-                *reinterpret_cast<float4*>(hi + d + 4 * w.q4) = make_float4(e[2] * il_hi, o[2] * il_hi, e[3] * il_hi, o[3] * il_hi);
-            } else {  // two 8-dim tiles: this lane holds dims d + 2q, +1 and d + 8 + 2q, +1
-                *reinterpret_cast<float2*>(lo + d + 2 * w.q4) = make_float2(e[0] * il_lo, e[1] * il_lo);
-                *reinterpret_cast<float2*>(hi + d + 2 * w.q4) = make_float2(e[2] * il_hi, e[3] * il_hi);
-                *reinterpret_cast<float2*>(lo + d + 8 + 2 * w.q4) = make_float2(o[0] * il_lo, o[1] * il_lo);
-                *reinterpret_cast<float2*>(hi + d + 8 + 2 * w.q4) = make_float2(o[2] * il_hi, o[3] * il_hi);
-            }
-        }
-    }
+    store_o<C>(st.o_acc, inv_l_smem, part_o, w.wrow0, w.group * C::DV_G, w.g, w.q4);
 }
 
 // Attention of the CTA's BM query rows over the key range `first`, then the range second() returns

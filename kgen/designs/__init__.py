@@ -6,12 +6,14 @@ from __future__ import annotations
 from ..arch import Arch
 from ..errors import PlanError
 from ..spec import Spec
-from . import mma_sync, wgmma
+from . import mma_sync, overlap, wgmma
 from .base import Design, Tiles, TileWork
 from .mma_sync import MmaSyncTiles
+from .overlap import OverlapTiles
 from .wgmma import WgmmaTiles
 
-DESIGNS: tuple[Design, ...] = (wgmma.DESIGN, mma_sync.DESIGN)  # the first that plans wins
+# the first that plans wins; the overlap loop only where asked for (tiles, kgen tune): bench/NOTES.md v15
+DESIGNS: tuple[Design, ...] = (wgmma.DESIGN, mma_sync.DESIGN, overlap.DESIGN)
 _BY_NAME = {d.name: d for d in DESIGNS}
 
 
@@ -64,5 +66,5 @@ def text_forms() -> str:
     return " or ".join(d.text_form() for d in DESIGNS)
 
 
-__all__ = ["DESIGNS", "Design", "Tiles", "TileWork", "MmaSyncTiles", "WgmmaTiles", "named", "of", "allowed",
+__all__ = ["DESIGNS", "Design", "Tiles", "TileWork", "MmaSyncTiles", "OverlapTiles", "WgmmaTiles", "named", "of", "allowed",
            "choose", "text", "parse", "text_forms"]

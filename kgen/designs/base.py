@@ -106,11 +106,15 @@ class TileWork:
 
 
 def _mma(op: str) -> tuple[str, int] | None:
-    """(input type, FLOPs) of an MMA opcode: HMMA.16816.F32.BF16 -> ("bf16", 4096)."""
+    """(input type, FLOPs) of an MMA opcode: HMMA.16816.F32.BF16 -> ("bf16", 4096); a warpgroup MMA
+    (one instruction per warp of the warpgroup) HGMMA.64x32x16.F32.BF16 -> ("wgmma_bf16", 65536)."""
     base, *mods = op.split(".")
     if not base.endswith("MMA"):
         return None
-    shape = mods[0]  # m n k, e.g. 16816, 16832
+    shape = mods[0]  # m n k, e.g. 16816, 16832, 64x32x16
+    if base == "HGMMA":
+        m, n, k = (int(x) for x in shape.split("x"))
+        return "wgmma_bf16", 2 * m * n * k
     flops = 2 * int(shape[:2]) * int(shape[2]) * int(shape[3:])
     kind = "e4m3" if "E4M3" in mods else "bf16" if "BF16" in mods else "f16"
     return kind, flops
