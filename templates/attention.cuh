@@ -216,14 +216,7 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     } else {
         mbar_wait(q_full<C>(smem), 0);
         load_q_fragments<C>(smem, st, scale_log2, kv_scale);
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int n = 0; n < C::DV_G / 8; ++n)
-#pragma unroll
-                for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
-        st.row_max = neg_inf();
-        st.row_sum = 0.f;
+        start_rows(st.o_acc, st);
     }
     __syncthreads();  // Q is in registers: the ring may be refilled
 }

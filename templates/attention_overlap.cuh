@@ -108,14 +108,7 @@ __device__ __forceinline__ void overlap_begin(char* smem, OverlapState<C>& st, c
     }
     mbar_wait(overlap_q_full<C>(smem), 0);
     ldmatrix_q<C>(st.qf, smem, 0, w.group, w.lane);
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-        for (int n = 0; n < C::DV_W / 8; ++n)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
-    st.row_max = neg_inf();
-    st.row_sum = 0.f;
+    start_rows(st.o_acc, st);
     st.score_scale = scale_log2;
     // (attend_range's first barrier keeps the ring from refilling before every warp has its Q)
 }

@@ -182,6 +182,19 @@ __device__ __forceinline__ void store_partial(float* s_part, const float (&s_acc
         }
 }
 
+// A fresh state for the rows: O zero, no key seen (the online softmax's running max and sum).
+template <int MT, int NT, class State>
+__device__ __forceinline__ void start_rows(float (&o)[MT][NT][4], State& st) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) o[mt][n][k] = 0.f;
+    st.row_max = neg_inf();
+    st.row_sum = 0.f;
+}
+
 // Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
 // softmax (base 2) in `st` (row_max, row_sum, score_scale), its probabilities into P and the row's
 // rescale factor alpha.

@@ -86,6 +86,15 @@ def render_config(what: str, layout: dict[str, int], config: str) -> str:
     return f"// Shared memory of {what}: offsets and sizes in bytes.\nstruct Layout {{\n{members}}};\nusing Cfg = {config};"
 
 
+def fitting(spec: Spec, arch: Arch, tiles: Tiles, loop: str) -> Tiles:
+    """`tiles` where its shared memory fits a block of `arch`, else PlanError naming the loop."""
+    need = tiles.smem_bytes(spec)
+    if need > arch.smem_per_block:
+        raise PlanError(f"{spec.name}: the {loop} loop needs {need} B of shared memory per block; "
+                        f"{arch.name} allows {arch.smem_per_block} B")
+    return tiles
+
+
 def check(condition: bool, message: str) -> None:
     """A tiling's shape rule: PlanError(message) where it does not hold."""
     if not condition:

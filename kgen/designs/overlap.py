@@ -15,9 +15,8 @@ from typing import ClassVar
 
 from .. import kvrows
 from ..arch import Arch
-from ..errors import PlanError
 from ..spec import Spec
-from .base import Design, TileWork, check, render_config, tile_work_from_loop
+from .base import Design, TileWork, check, fitting, render_config, tile_work_from_loop
 from .mma_sync import DIM_GROUPS, ROW_PAD, S_ROW_PAD
 
 BM = 32  # packed rows per CTA: 2 m16 tiles in every warp
@@ -88,11 +87,7 @@ class Overlap(Design):
 
     def choose(self, spec: Spec, arch: Arch) -> OverlapTiles:
         """16-key tiles, 4 stages, Q·K ahead, where the spec (bf16) and shared memory allow it."""
-        t = OverlapTiles()
-        if t.smem_bytes(spec) > arch.smem_per_block:
-            raise PlanError(f"{spec.name}: the overlap loop needs {t.smem_bytes(spec)} B of shared memory per block; "
-                            f"{arch.name} allows {arch.smem_per_block} B")
-        return t
+        return fitting(spec, arch, OverlapTiles(), "overlap")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[OverlapTiles]:
         """With and without Q·K ahead, and 32-key tiles on a 2-stage ring."""

@@ -8,10 +8,9 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..arch import Arch
-from ..errors import PlanError
 from ..spec import Spec
 from .. import kvrows
-from .base import Design, TileWork, _mma, check, render_config, tile_work_from_loop
+from .base import Design, TileWork, _mma, check, fitting, render_config, tile_work_from_loop
 
 BM = 64  # packed rows per CTA: one m64 wgmma
 Q_REG_STEPS = 12  # k16 steps of Q·K per consumer with Q in registers (A operand); the rest read smem
@@ -75,11 +74,7 @@ class Wgmma(Design):
 
     def choose(self, spec: Spec, arch: Arch) -> WgmmaTiles:
         """A 4-stage ring where the spec allows the loop and it fits."""
-        t = WgmmaTiles()
-        if t.smem_bytes(spec) > arch.smem_per_block:
-            raise PlanError(f"{spec.name}: the wgmma loop needs {t.smem_bytes(spec)} B of shared memory per block; "
-                            f"{arch.name} allows {arch.smem_per_block} B")
-        return t
+        return fitting(spec, arch, WgmmaTiles(), "wgmma")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[WgmmaTiles]:
         return [WgmmaTiles(stages=s) for s in (3, 4)] if spec.cache.kv_dtype == "bfloat16" else []
