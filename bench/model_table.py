@@ -132,10 +132,11 @@ def loss(rows, cs, x) -> float:
     return sum(sum(v) / len(v) for v in per.values()) / len(per)
 
 
-def fit(rows, cs, start: dict) -> dict:
-    """Coordinate descent within BOUNDS, halving the steps when no move helps."""
-    names = design_params(cs)
-    x = {k: start[k] for k in names}
+def fit(rows, cs, start: dict, designs_only: bool = False) -> dict:
+    """Coordinate descent within BOUNDS, halving the steps when no move helps; designs_only: only
+    the designs' own terms move (the shared ones stay as they are)."""
+    names = [k for k in design_params(cs) if ":" in k or not designs_only]
+    x = dict(start)
     best, steps = loss(rows, cs, x), {k: STEPS[k.split(":")[-1]] for k in names}
     for _ in range(60):
         moved = False
@@ -284,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="refit the calibration and write kgen/model_calibration.json")
     ap.add_argument("--spec", action="append", default=[], metavar="NAME=PATH",
                     help="the spec file a bench.run result's spec name stands for")
+    ap.add_argument("--designs-only", action="store_true",
+                    help="with --fit: move only the loop designs' own terms (overlap, barrier_cycles), not the shared ones")
     ap.add_argument("--exclude", default="", metavar="VARIANTS",
                     help="comma-separated variant names to leave out entirely (e.g. code that has changed since)")
     ap.add_argument("--holdout", default="", metavar="SHAPES",
@@ -302,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     x = params_of({d.name: model.calibration(d.name) for d in designs.DESIGNS if d.modeled})
     if a.fit:
         fitted = [(r, c) for r, c in zip(rows, cs) if r["shape_name"] not in holdout]
-        x = fit([r for r, _ in fitted], [c for _, c in fitted], x)
+        x = fit([r for r, _ in fitted], [c for _, c in fitted], x, a.designs_only)
     table = evaluate(rows, cs, x, holdout)
     overall = summary(table)
     out_rows = [r for r in table if not r["fitted"]]
