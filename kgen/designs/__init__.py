@@ -35,10 +35,11 @@ def allowed(arch: Arch) -> list[Design]:
 
 
 def choose(spec: Spec, arch: Arch) -> Tiles:
-    """The arch's own loop: the first allowed design that can plan the spec (wgmma where the arch
-    has it and the spec allows it; otherwise the mma.sync loop with the deepest ring that fits)."""
+    """The arch's own loop: the first allowed design the planner may choose (Design.heuristic) that can
+    plan the spec (wgmma where the arch has it and the spec allows it; otherwise the mma.sync loop with
+    the deepest ring that fits)."""
     error = None
-    for design in allowed(arch):
+    for design in (d for d in allowed(arch) if d.heuristic):
         try:
             return design.choose(spec, arch)
         except PlanError as e:

@@ -50,6 +50,7 @@ class Design:
     requires: ClassVar[tuple[str, ...]] = ()  # arch features beyond mma.sync, ldmatrix and bulk copies
     sass_expect: ClassVar[tuple[str, ...]] = ()  # instruction classes (kgen.sass) its compiled loop contains
     modeled: ClassVar[bool] = False  # whether tile_work gives the performance model's entry
+    heuristic: ClassVar[bool] = True  # whether the planner may choose it (else tiles overrides and tune only)
     modeled_kernel: ClassVar[str] = "prefix_attn"  # the variant whose tile loop the model reads
 
     def allowed(self, arch: Arch) -> bool:

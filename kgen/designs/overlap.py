@@ -84,6 +84,7 @@ class Overlap(Design):
     requires = ()
     sass_expect = ("MMA", "UBLKCP")  # tensor-core MMAs fed by bulk copies
     modeled = True
+    heuristic = False  # measured slower than the row-block loop so far (bench/NOTES.md v15)
 
     def choose(self, spec: Spec, arch: Arch) -> OverlapTiles:
         """16-key tiles, 4 stages, Q·K ahead, where the spec (bf16) and shared memory allow it."""
