@@ -25,24 +25,40 @@
 //   once per row (its own scale: every row uses e4m3's range, none saturates) and P is stored as
 //   e4m3(p * P_SCALE): both round to 3 mantissa bits (docs/fp8.md).
 // The scales come back in fp32 in the softmax and in the final 1/l.
+//
+// KV in SGLang's DSA pool rows (KV_SCALED, cache.scales per_block: e4m3 latent | one fp32 scale per
+// 128 latent dims | bf16 rope, 656 B for GLM-5): the latent bytes go through the fp8 path above
+// with kv_scale 1 and the rope through bf16 MMAs (Q's rope scaled like the rest of Q: exact in f16
+// mode). Warp group g's value dims are exactly scale block g, which places each per-key scale
+// where it costs one fp32 multiply and adds no rounding:
+// - Q·K: the group's latent k-steps accumulate <q, k_blk> of the raw bytes; the accumulator is
+//   multiplied by each key's block-g scale before the rope steps add theirs (scale_block_scores),
+//   and the 4 partials are summed as always.
+// - P·V: the scale varies along P·V's k dimension (the keys), so it must enter an operand. The
+//   reducers fold it into P in fp32, one P per group: p * scale_g / ref_g, rounded once to the
+//   MMA type just as p alone would be (store_scaled_p). ref_g, per row, is a power of two at or
+//   above the largest p * scale_g the row has met, kept like a second running max, so P stays
+//   <= 1 and keeps its precision whatever the cache's magnitudes; the group's O is held in units
+//   of ref_g and rescaled with alpha when ref_g moves, and the final 1/l carries ref_g.
 #pragma once
-#include "kgen/mma_rows.cuh"
+#include "kgen/rows.cuh"
 
 namespace kgen {
 
 // Layout: the CTA's shared memory (bytes), rendered by kgen/designs/mma_sync.py (the planner's
 // budget): the staged row strides KV_STRIDE / Q_STRIDE / P_STRIDE (bytes) and S_STRIDE
 // (floats), the KV ring (RING_BYTES; Q is staged through it once), then S_OFF (partial scores
-// [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
-// float per row), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
+// [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [P_COPIES][BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
+// float per row, per copy), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
 // the schedule's scratch (the partial scores are free until the first tile).
 template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_, bool KV_FP8_,
-          bool MMA_E4M3_, class Layout>
+          bool MMA_E4M3_, bool KV_SCALED_, class Layout>
 struct AttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = BM_, BN = BN_;
     static constexpr int WARPS_M = WARPS_M_, DIM_GROUPS = DIM_GROUPS_, STAGES = STAGES_;
     static constexpr bool KV_FP8 = KV_FP8_;
     static constexpr bool MMA_E4M3 = MMA_E4M3_;           // fp8 KV: Q and P in e4m3 too
+    static constexpr bool KV_SCALED = KV_SCALED_;         // fp8 KV in the DSA pool's rows (per-block scales)
     static constexpr bool MMA_F16 = KV_FP8 && !MMA_E4M3;  // fp8 KV converted to f16 in registers
     static constexpr int KV_ELEM = KV_FP8 ? 1 : 2;        // bytes per KV element
     static constexpr int P_ELEM = MMA_E4M3 ? 1 : 2;       // bytes per staged probability
@@ -61,11 +77,17 @@ struct AttnConfig : Layout {
     static constexpr int K_BLOCK = MMA_F16 ? 32 : 16;
     static constexpr int V_BLOCK = KV_FP8 ? 32 : 16;
     static constexpr int VALUE_STEPS = DV_G / K_STEP;
-    static constexpr int ROPE_STEPS = ROPE / K_STEP;
+    static constexpr int ROPE_K_STEP = KV_SCALED ? 16 : K_STEP;  // a scaled row's rope is bf16: k = 16 steps
+    static constexpr int ROPE_STEPS = ROPE / ROPE_K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
-    static constexpr int KV_ROW = D * KV_ELEM;  // bytes per KV row
-    static constexpr int Q_ROW = D * 2;         // bytes per (bf16) query row
+    static constexpr int SCALE_BLOCK = 128;                     // latent dims per block scale of a scaled row
+    static constexpr int SCALE_OFF = DV;                        // a scaled row: latent bytes, then the block scales,
+    static constexpr int ROPE_OFF = DV + DV / SCALE_BLOCK * 4;  // then the bf16 rope
+    static constexpr int KV_ROW = KV_SCALED ? ROPE_OFF + ROPE * 2 : D * KV_ELEM;  // bytes per KV row
+    static constexpr int Q_ROW = D * 2;                         // bytes per (bf16) query row
+    // Scaled rows: each warp group has its own P (and rescale factors, and 1/l) carrying its block's scales.
+    static constexpr int P_COPIES = KV_SCALED ? DIM_GROUPS : 1;
     using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
@@ -77,6 +99,8 @@ struct AttnConfig : Layout {
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
     static_assert(BN % K_BLOCK == 0 && BN % V_BLOCK == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
     static_assert(KV_FP8 || !MMA_E4M3, "e4m3 MMAs need an e4m3 cache");
+    static_assert(!KV_SCALED || (KV_FP8 && DV_G == SCALE_BLOCK && DIM_GROUPS == 4 && ROPE > 0 && ROPE % 16 == 0),
+                  "scaled rows: each warp group's value dims are one scale block (read as a float4 of scales)");
     static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
     static_assert(BM * Q_STRIDE <= RING_BYTES && STAGES * BN * KV_STRIDE <= RING_BYTES, "Q is staged through the KV ring");
     static_assert(Layout::SMEM_BYTES >= BAR_OFF + (2 * STAGES + 1) * 8, "the barriers fit the layout");
@@ -95,6 +119,37 @@ __device__ __forceinline__ mbarrier* q_full(char* smem) {
     return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + 2 * C::STAGES;
 }
 
+// First key dim of this warp group's k-step `ks`: its value/latent slice, then its rope steps.
+template <class C>
+__device__ __forceinline__ int key_dim(int group, int ks) {
+    return ks < C::VALUE_STEPS ? group * C::DV_G + ks * C::K_STEP
+                               : C::DV + ((ks - C::VALUE_STEPS) * C::DIM_GROUPS + group) * C::ROPE_K_STEP;
+}
+
+// Byte of key dim d in a staged KV row (a scaled row keeps its bf16 rope after the block scales).
+template <class C>
+__device__ __forceinline__ int key_byte(int d) {
+    return C::KV_SCALED && d >= C::DV ? C::ROPE_OFF + (d - C::DV) * 2 : d * C::KV_ELEM;
+}
+
+// Whether k-step ks is a scaled row's bf16 rope step (a bf16 MMA among the f16/e4m3 ones).
+template <class C>
+__device__ __forceinline__ bool bf16_rope_step(int ks) { return C::KV_SCALED && ks >= C::VALUE_STEPS; }
+
+// Whether group `group` has a k-step `ks` (the rope steps may not divide evenly among groups).
+template <class C>
+__device__ __forceinline__ bool has_step(int group, int ks) {
+    return ks < C::VALUE_STEPS || (ks - C::VALUE_STEPS) * C::DIM_GROUPS + group < C::ROPE_STEPS;
+}
+
+// d += a * b in the MMA type of the config.
+template <class C>
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (C::MMA_E4M3) mma_16832_e4m3(d, a, b0, b1);
+    else if constexpr (C::MMA_F16) mma_16816_f16(d, a, b0, b1);
+    else mma_16816(d, a, b0, b1);
+}
+
 // Per-thread state of a CTA attending BM query rows: the warp's Q fragments (for its key dims),
 // its O accumulator (for its value dims), and the online-softmax state of row red_row: the
 // running max, kept identically by that row's RED_THREADS reducers, and each reducer's share of
@@ -106,6 +161,7 @@ struct AttnState {
     float row_max, row_sum;
     float score_scale;  // raw MMA score of row red_row -> log2-domain logit
     float out_scale;    // P·V accumulator -> value units, before 1/l
+    unsigned block_ref;  // scaled rows: row red_row's P reference per group, 2^(e - 127), byte g = e (store_scaled_p)
     int ring_pos;       // KV tiles that have passed through the ring (all ranges so far)
 };
 
@@ -154,6 +210,25 @@ __device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* smem, i
     }
 }
 
+// Dims d, d + 1 of a staged bf16 query row, times inv_scale, as bf16x2.
+__device__ __forceinline__ unsigned scaled_bf16x2(const char* q_row, int d, float inv_scale) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_row + d * 2));
+    return pack_bf16x2(v.x * inv_scale, v.y * inv_scale);
+}
+
+// A bf16 fragment (m16n8k16, the plain k order of key_fragments_b16) of dims [d0, d0 + 16) for rows
+// r and r + 8 of the staged Q tile, scaled: a scaled row's rope k-steps.
+template <class C>
+__device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
+                                              float inv_lo, float inv_hi) {
+    const char* lo = smem + r * C::Q_STRIDE;
+    const char* hi = smem + (r + 8) * C::Q_STRIDE;
+    a[0] = scaled_bf16x2(lo, d0 + 2 * q4, inv_lo);
+    a[1] = scaled_bf16x2(hi, d0 + 2 * q4, inv_hi);
+    a[2] = scaled_bf16x2(lo, d0 + 8 + 2 * q4, inv_lo);
+    a[3] = scaled_bf16x2(hi, d0 + 8 + 2 * q4, inv_hi);
+}
+
 // Q fragments of this warp from the staged Q tile. bf16: ldmatrix. fp8 KV: each row is scaled by
 // its own q_scale (its reducers find max|q| and keep q_scale in score_scale): e4m3 maps max|q| to
 // 448 (no value saturates); f16 divides by a power of two that puts max|q| in [2^14, 2^15)
@@ -164,7 +239,13 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
     st.score_scale = scale_log2;
     st.out_scale = 1.f;
     if constexpr (!C::KV_FP8) {
-        ldmatrix_q<C>(st.qf, smem, w.wrow0, w.group, w.lane);
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+            for (int ks = 0; ks < C::K_STEPS; ++ks) {
+                const int r = w.wrow0 + mt * 16 + (w.lane % 16);
+                ldmatrix_x4(st.qf[mt][ks], smem + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
+            }
     } else {
         float* inv_q = reinterpret_cast<float*>(smem + C::ALPHA_OFF);  // free until the first tile
         const char* my_row = smem + w.red_row * C::Q_STRIDE;
@@ -187,9 +268,11 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
             const int r = w.wrow0 + mt * 16 + w.g;
             const float inv_lo = inv_q[r], inv_hi = inv_q[r + 8];
 #pragma unroll
-            for (int ks = 0; ks < C::K_STEPS; ++ks)
-                if (has_step<C>(w.group, ks))
-                    quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
+            for (int ks = 0; ks < C::K_STEPS; ++ks) {
+                if (!has_step<C>(w.group, ks)) continue;
+                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
+                else quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
+            }
         }
     }
 }
@@ -216,9 +299,212 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     } else {
         mbar_wait(q_full<C>(smem), 0);
         load_q_fragments<C>(smem, st, scale_log2, kv_scale);
-        start_rows(st.o_acc, st);
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+            for (int n = 0; n < C::DV_G / 8; ++n)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
+        st.row_max = neg_inf();
+        st.row_sum = 0.f;
+        st.block_ref = 0x01010101u;  // 2^-126 each: no scale seen yet
     }
     __syncthreads();  // Q is in registers: the ring may be refilled
+}
+
+// Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
+// in the k order of the P·V B fragments built from ldmatrix.trans (see value_fragments): key
+// 2q+i+8h of the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
+template <class C>
+__device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1) {
+    if constexpr (C::MMA_E4M3) {
+        const int k = c % 16, pos = c - k + 4 * ((k % 8) / 2) + 2 * (k / 8);
+        *reinterpret_cast<unsigned short*>(p_row + pos) = pack_e4m3x2(p0 * C::P_SCALE, p1 * C::P_SCALE);
+    } else if constexpr (C::MMA_F16) {
+        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_half2(p0, p1);
+    } else {
+        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
+    }
+}
+
+// B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of
+// the 16 keys from key0: kb[n] for keys key0 + [8n, 8n + 8).
+template <class C>
+__device__ __forceinline__ void key_fragments_32b(unsigned (&kb)[2][2], const char* kt, int key0, int k_byte, int lane) {
+    // r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
+    unsigned r[4];
+    ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
+    kb[0][0] = r[0];
+    kb[0][1] = r[1];
+    kb[1][0] = r[2];
+    kb[1][1] = r[3];
+}
+
+// B operands of S = Q·K^T for the k-step at byte k_byte of the K_BLOCK keys from key0: kb[n] for
+// keys key0 + [8n, 8n + 8).
+template <class C>
+__device__ __forceinline__ void key_fragments(unsigned (&kb)[C::K_BLOCK / 8][2], const char* kt, int key0, int k_byte,
+                                              int lane) {
+    if constexpr (C::MMA_F16) {
+        unsigned r[4];
+        // 16 dims of 32 keys: register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
+        // pairs (the permuted k order quantize_q gives Q).
+        ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            kb[i][0] = e4m3x2_to_f16x2(r[i]);
+            kb[i][1] = e4m3x2_to_f16x2(r[i] >> 16);
+        }
+    } else {
+        key_fragments_32b<C>(kb, kt, key0, k_byte, lane);
+    }
+}
+
+// Scaled rows: this group's latent k-steps (scale block `group`) summed <q, raw bytes> per key; times
+// each key's block scale that is the latent's score in value units (before the rope steps add theirs).
+template <class C>
+__device__ __forceinline__ void scale_block_scores(float (&s_acc)[C::M_TILES][C::BN / 8][4], const char* kt, int group,
+                                                   int q4) {
+#pragma unroll
+    for (int n = 0; n < C::BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // this lane's keys n*8 + 2*q4 + e, in rows g (k = e) and g + 8 (k = 2 + e)
+            const float scale =
+                *reinterpret_cast<const float*>(kt + (n * 8 + 2 * q4 + e) * C::KV_STRIDE + C::SCALE_OFF + 4 * group);
+#pragma unroll
+            for (int mt = 0; mt < C::M_TILES; ++mt) {
+                s_acc[mt][n][e] *= scale;
+                s_acc[mt][n][2 + e] *= scale;
+            }
+        }
+}
+
+// A scaled-row group's P reference for this reducer's row: a power of two, kept as its biased
+// exponent (one byte per group: the four take one register through the loop).
+template <class C>
+__device__ __forceinline__ float block_ref(const AttnState<C>& st, int group) {
+    return __int_as_float(((st.block_ref >> (8 * group)) & 0xffu) << 23);
+}
+
+// The biased exponent of the smallest power of two >= x >= 0, within the normal range.
+__device__ __forceinline__ int pow2_exp_above(float x) {
+    const int bits = __float_as_int(x);
+    return min(max(((bits >> 23) & 0xff) + ((bits & 0x7fffff) != 0), 1), 254);
+}
+
+// Scaled rows: the reducer of row `row` stores its probabilities once per warp group, each p times
+// its key's block scale over the row's reference for that group, and the groups' rescale factors.
+// The reference is a power of two at or above the largest p * scale the row has met (in the units
+// of its running max, so it follows alpha down), so the stored P is <= 1 and the terms that carry
+// the output keep the MMA type's full precision, whatever the cache's magnitudes; O, held in units
+// of it, is rescaled by the factor stored here when it moves (a row whose maximum has settled and
+// meets no larger term moves nothing).
+template <class C>
+__device__ __forceinline__ void store_scaled_p(AttnState<C>& st, const char* kt, char* p_smem, float* alpha_smem,
+                                               int row, int col0, const float (&p)[C::RED_COLS], float alpha) {
+    const char* scales = kt + col0 * C::KV_STRIDE + C::SCALE_OFF;  // of this reducer's first key
+    float top[4] = {0.f, 0.f, 0.f, 0.f};  // the largest p * block scale of this reducer's keys
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        const float4 sc = *reinterpret_cast<const float4*>(scales + c * C::KV_STRIDE);
+        top[0] = fmaxf(top[0], p[c] * sc.x); top[1] = fmaxf(top[1], p[c] * sc.y);
+        top[2] = fmaxf(top[2], p[c] * sc.z); top[3] = fmaxf(top[3], p[c] * sc.w);
+    }
+    bool moves = alpha != 1.f;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) moves |= top[gi] > block_ref(st, gi);
+    const bool any_moves = __any_sync(0xffffffffu, moves);  // warp-uniform
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+        float factor = alpha;
+        if (any_moves) {
+#pragma unroll
+            for (int off = 1; off < C::RED_THREADS; off *= 2)  // the row's reducers agree
+                top[gi] = fmaxf(top[gi], __shfl_xor_sync(0xffffffffu, top[gi], off));
+            const int old_exp = (st.block_ref >> (8 * gi)) & 0xff;
+            const int new_exp = pow2_exp_above(fmaxf(top[gi], block_ref(st, gi) * alpha));
+            factor = ldexpf(alpha, old_exp - new_exp);  // alpha * old / new <= 1
+            st.block_ref = (st.block_ref & ~(0xffu << (8 * gi))) | (unsigned(new_exp) << (8 * gi));
+        }
+        const float inv_ref = __int_as_float((254 - int((st.block_ref >> (8 * gi)) & 0xff)) << 23);  // exact
+        char* p_row = p_smem + (gi * C::BM + row) * C::P_STRIDE;
+#pragma unroll
+        for (int c = 0; c < C::RED_COLS; c += 2) {  // the scales again from shared memory: registers are short
+            const float s0 = lds_f32(scales + c * C::KV_STRIDE + 4 * gi);
+            const float s1 = lds_f32(scales + (c + 1) * C::KV_STRIDE + 4 * gi);
+            store_p2<C>(p_row, col0 + c, p[c] * s0 * inv_ref, p[c + 1] * s1 * inv_ref);
+        }
+        if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[gi * C::BM + row] = factor;
+    }
+}
+
+// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
+// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
+// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
+// interleaves them).
+template <class C>
+__device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
+                                                int dim, int lane) {
+    if constexpr (!C::KV_FP8) {
+        unsigned b[4];
+        ldmatrix_x4_trans(b, kt + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
+        vb[0][0][0] = b[0];
+        vb[0][0][1] = b[1];
+        vb[0][1][0] = b[2];
+        vb[0][1][1] = b[3];
+    } else {
+        // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: t[i] holds keys 8i+2q, 8i+2q+1
+        // of dims 2g, 2g+1.
+        unsigned t[4];
+        ldmatrix_x4_trans(t, kt + (key0 + lane) * C::KV_STRIDE + dim);
+        if constexpr (C::MMA_E4M3) {
+            // k = 32: byte permutes gather keys {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in.
+            vb[0][0][0] = __byte_perm(t[0], t[1], 0x6420);
+            vb[0][0][1] = __byte_perm(t[2], t[3], 0x6420);
+            vb[0][1][0] = __byte_perm(t[0], t[1], 0x7531);
+            vb[0][1][1] = __byte_perm(t[2], t[3], 0x7531);
+        } else {
+            // k = 16 in key order: keys 2q, 2q+1 (register 0) and 2q+8, 2q+9 (register 1) of k-step s
+            // are t[2s] and t[2s+1]; a permute puts each dim's two keys side by side for the f16 convert.
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const unsigned even_odd = __byte_perm(t[2 * s + i], 0, 0x3120);
+                    vb[s][0][i] = e4m3x2_to_f16x2(even_odd);
+                    vb[s][1][i] = e4m3x2_to_f16x2(even_odd >> 16);
+                }
+        }
+    }
+}
+
+// o_acc += P · V for this warp's rows and value dims over one staged tile.
+template <class C>
+__device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, const char* kt, const WarpCoords& w) {
+    constexpr int STEPS = C::V_BLOCK / C::K_STEP;  // MMA k-steps per key block
+    const int lane = w.lane;
+#pragma unroll
+    for (int key0 = 0; key0 < C::BN; key0 += C::V_BLOCK) {
+        unsigned pf[C::M_TILES][STEPS][4];
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s)
+                ldmatrix_x4(pf[mt][s], p_smem + (w.wrow0 + mt * 16 + (lane % 16)) * C::P_STRIDE +
+                                           (key0 / C::K_STEP + s) * 32 + (lane / 16) * 16);
+#pragma unroll
+        for (int np = 0; np < C::DV_G / 16; ++np) {
+            unsigned vb[STEPS][2][2];
+            value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+                for (int s = 0; s < STEPS; ++s) {
+                    mma<C>(st.o_acc[mt][2 * np], pf[mt][s], vb[s][0][0], vb[s][0][1]);
+                    mma<C>(st.o_acc[mt][2 * np + 1], pf[mt][s], vb[s][1][0], vb[s][1][1]);
+                }
+        }
+    }
 }
 
 // Producer: stage key rows [tile*BN, tile*BN + BN) of each tile of [tile_begin, tile_end) into
@@ -241,6 +527,129 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
     }
 }
 
+// 1. This warp's partial scores over its group's key dims of staged tile `kt`, into s_part
+// [group][row][key] for the row block's reducers.
+template <class C>
+__device__ __forceinline__ void partial_scores(const AttnState<C>& st, const char* kt, float* s_part,
+                                               const WarpCoords& w) {
+    float s_acc[C::M_TILES][C::BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+        for (int n = 0; n < C::BN / 8; ++n)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::K_STEPS; ++ks) {
+        if (C::KV_SCALED && ks == C::VALUE_STEPS) scale_block_scores<C>(s_acc, kt, w.group, w.q4);
+        if (!has_step<C>(w.group, ks)) continue;  // warp-uniform
+        if (bf16_rope_step<C>(ks)) {
+#pragma unroll
+            for (int key0 = 0; key0 < C::BN; key0 += 16) {
+                unsigned kb[2][2];
+                key_fragments_32b<C>(kb, kt, key0, key_byte<C>(key_dim<C>(w.group, ks)), w.lane);
+#pragma unroll
+                for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+                    for (int n = 0; n < 2; ++n) mma_16816(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
+            }
+            continue;
+        }
+#pragma unroll
+        for (int key0 = 0; key0 < C::BN; key0 += C::K_BLOCK) {
+            unsigned kb[C::K_BLOCK / 8][2];
+            key_fragments<C>(kb, kt, key0, key_byte<C>(key_dim<C>(w.group, ks)), w.lane);
+#pragma unroll
+            for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+                for (int n = 0; n < C::K_BLOCK / 8; ++n)
+                    mma<C>(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+        for (int n = 0; n < C::BN / 8; ++n) {
+            const float* a = s_acc[mt][n];
+            const int r = w.wrow0 + mt * 16 + w.g, c = n * 8 + 2 * w.q4;
+            float* dst = s_part + (w.group * C::BM + r) * C::S_STRIDE + c;
+            *reinterpret_cast<float2*>(dst) = make_float2(a[0], a[1]);
+            *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2], a[3]);
+        }
+}
+
+// 2. Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
+// softmax (base 2), its probabilities into P and the row's rescale factor alpha.
+template <class C, class Visible>
+__device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const char* kt, int tile, int num_keys,
+                                             const Visible& visible, const WarpCoords& w) {
+    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
+    const int red_row = w.red_row, red_col0 = w.red_col0;
+    float s[C::RED_COLS];
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
+#pragma unroll
+    for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
+        const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
+#pragma unroll
+        for (int c = 0; c < C::RED_COLS; c += 2) {
+            const float2 v = *reinterpret_cast<const float2*>(part + c);
+            s[c] += v.x; s[c + 1] += v.y;
+        }
+    }
+    float tile_max = neg_inf();
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        const int key = tile * C::BN + red_col0 + c;
+        s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
+        tile_max = fmaxf(tile_max, s[c]);
+    }
+    // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
+    // and the reduction across the row's reducers is skipped.
+    if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
+#pragma unroll
+        for (int off = 1; off < C::RED_THREADS; off *= 2)
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    }
+    const SoftmaxStep step = online_softmax_step(st.row_max, tile_max);
+    float p[C::RED_COLS], tile_sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        p[c] = exp2_fast(s[c] - step.ref);
+        tile_sum += p[c];
+    }
+    st.row_sum = st.row_sum * step.alpha + tile_sum;
+    char* p_smem = smem + C::P_OFF;
+    float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
+    if constexpr (C::KV_SCALED) {
+        store_scaled_p<C>(st, kt, p_smem, alpha_smem, red_row, red_col0, p, step.alpha);
+    } else {
+#pragma unroll
+        for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
+        if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[red_row] = step.alpha;
+    }
+}
+
+// 3. Rescale this warp's output rows by their alpha and add P·V for its value columns. Once the
+// running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
+template <class C>
+__device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, const char* kt, const WarpCoords& w) {
+    // The probabilities and rescale factors this warp multiplies its values by (scaled rows: its group's).
+    const int copy = C::P_COPIES > 1 ? w.group : 0;
+    const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF) + copy * C::BM;
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; ++mt) {
+        const float a_lo = alpha_smem[w.wrow0 + mt * 16 + w.g], a_hi = alpha_smem[w.wrow0 + mt * 16 + w.g + 8];
+        if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
+#pragma unroll
+        for (int n = 0; n < C::DV_G / 8; ++n) {
+            st.o_acc[mt][n][0] *= a_lo; st.o_acc[mt][n][1] *= a_lo;
+            st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
+        }
+    }
+    pv_tile<C>(st, smem + C::P_OFF + copy * C::BM * C::P_STRIDE, kt, w);
+}
+
 // Compute warps: attend over the staged tiles, continuing the online softmax in `st`. Per tile:
 // partial scores, then (the row block's warps in step) softmax, then P·V.
 template <class C, class Visible>
@@ -254,13 +663,11 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
         const int stage = ring_wait_full<C>(smem, st.ring_pos);
         const char* kt = smem + stage * C::BN * C::KV_STRIDE;
-        float s_acc[C::M_TILES][C::BN / 8][4];  // 1. partial scores over the group's key dims
-        qk_partial<C>(s_acc, st.qf, kt, w.group, 0, w.lane);
-        store_partial<C>(s_part, s_acc, w.group, w.wrow0, 0, w.g, w.q4);
+        partial_scores<C>(st, kt, s_part, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-        softmax_rows<C>(smem, st, tile, num_keys, visible, w.red_row, w.red_col0);  // 2. (the row block's warps in step)
+        softmax_tile<C>(smem, st, kt, tile, num_keys, visible, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-        rescale_and_pv<C>(st.o_acc, smem, kt, w.wrow0, w.group * C::DV_G, w.lane);  // 3. this warp's value columns
+        rescale_and_pv<C>(smem, st, kt, w);
         mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage
     }
 }
@@ -285,9 +692,41 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     if (is_producer<C>()) return;  // its last copies were consumed: nothing of it is pending
     float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
     const WarpCoords w = WarpCoords::of<C>();
-    finish_rows<C>(st, st.out_scale, inv_l_smem, part_lse, w.red_row);
+    float row_sum = st.row_sum;
+#pragma unroll
+    for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
+    if (threadIdx.x % C::RED_THREADS == 0) {
+#pragma unroll
+        for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows: group gi's O is in units of its reference
+            // (kv_scale is 1 for scaled rows, so their out_scale is 1 / P_SCALE: no register for it through the loop)
+            inv_l_smem[gi * C::BM + w.red_row] =
+                row_inv_l(row_sum, C::KV_SCALED ? block_ref(st, gi) / C::P_SCALE : st.out_scale);
+        part_lse[w.red_row] = row_lse(st.row_max, row_sum);
+    }
     named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
-    store_o<C>(st.o_acc, inv_l_smem, part_o, w.wrow0, w.group * C::DV_G, w.g, w.q4);
+    const float* my_inv_l = inv_l_smem + (C::P_COPIES > 1 ? w.group : 0) * C::BM;
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; ++mt) {
+        const int r = w.wrow0 + mt * 16 + w.g;
+        const float il_lo = my_inv_l[r], il_hi = my_inv_l[r + 8];
+        float* lo = part_o + r * C::DV;
+        float* hi = part_o + (r + 8) * C::DV;
+#pragma unroll
+        for (int np = 0; np < C::DV_G / 16; ++np) {
+            const float* e = st.o_acc[mt][2 * np];
+            const float* o = st.o_acc[mt][2 * np + 1];
+            const int d = w.group * C::DV_G + np * 16;
+            if constexpr (C::KV_FP8) {  // even/odd dim tiles (value_fragments): this lane holds dims d + 4q .. +3
+                *reinterpret_cast<float4*>(lo + d + 4 * w.q4) = make_float4(e[0] * il_lo, o[0] * il_lo, e[1] * il_lo, o[1] * il_lo);
+                *reinterpret_cast<float4*>(hi + d + 4 * w.q4) = make_float4(e[2] * il_hi, o[2] * il_hi, e[3] * il_hi, o[3] * il_hi);
+            } else {  // two 8-dim tiles: this lane holds dims d + 2q, +1 and d + 8 + 2q, +1
+                *reinterpret_cast<float2*>(lo + d + 2 * w.q4) = make_float2(e[0] * il_lo, e[1] * il_lo);
+                *reinterpret_cast<float2*>(hi + d + 2 * w.q4) = make_float2(e[2] * il_hi, e[3] * il_hi);
+                *reinterpret_cast<float2*>(lo + d + 8 + 2 * w.q4) = make_float2(o[0] * il_lo, o[1] * il_lo);
+                *reinterpret_cast<float2*>(hi + d + 8 + 2 * w.q4) = make_float2(o[2] * il_hi, o[3] * il_hi);
+            }
+        }
+    }
 }
 
 // Attention of the CTA's BM query rows over the key range `first`, then the range second() returns

@@ -1,8 +1,9 @@
-// The mma.sync pieces both sm_120 loop designs share (attention.cuh: row blocks fed by a producer
-// warp; attention_overlap.cuh: every warp on all rows): Q·K partial scores over a dim group's
+// The overlap loop's mma.sync pieces (attention_overlap.cuh): Q·K partial scores over a dim group's
 // k-steps, their exchange and the online softmax of a tile, P·V, and the normalized output, each
-// for a slice of rows (row0, 16-row tiles) and of value dims (dim0). They read the layout from the
-// design's Config C (dims, strides, KV and MMA types).
+// for a slice of rows (row0, 16-row tiles) and of value dims (dim0), read from the design's Config C.
+// Debt: the row-block loop (attention.cuh) has its own copies of the fragment helpers, which grew
+// the DSA pool's scaled rows meanwhile; these were shared by both loops before that merge and should
+// be again (one header, sliced by rows and dims as here, with the scaled-row branches).
 #pragma once
 #include "kgen/rows.cuh"
 
