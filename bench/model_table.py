@@ -37,10 +37,28 @@ REQUIRED = ("compute", "memory", "small")  # the shape classes every variant is 
 CLASS_OF = {(8, 16, 131072, 1): "compute", (8, 1, 131072, 1): "memory", (8, 16, 4096, 1): "small"}
 
 
-def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
-    """Measured rows: {variant, source, spec, plan_for, tiles, shape, us, ncu?}."""
-    import kgen
+def ran_tiles(spec, plan_for: str | None, recorded, shape=None):
+    """The tiling a measured row ran: the recorded one (tiles text; older files hold mma.sync tiles
+    as a list), else its bucket's choice in the arch's shipped tuned table, else the heuristic plan
+    of its arch (None)."""
+    from kgen import designs
     from kgen.designs import MmaSyncTiles
+    from kgen.plan import plan
+    from kgen.tuning import Bucket, find_table
+
+    if isinstance(recorded, str):
+        return designs.parse(recorded)
+    if recorded:
+        return MmaSyncTiles(*recorded)
+    table = find_table(spec, plan(spec, plan_for).arch.name) if shape else None
+    if table and (tuned := table.tiles_for(Bucket.of(shape.T * shape.B, shape.B, shape.L * shape.B))):
+        return tuned
+    return None
+
+
+def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
+    """Measured rows: {variant, source, spec, plan_for, tiles, shape, shape_name, us, ncu?}."""
+    import kgen
     from kgen.model import Shape, modeled
     from kgen.plan import plan
 
@@ -54,15 +72,17 @@ def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
             if "variant" in r:  # bench.model_validate
                 spec, variant = kgen.load_spec(ROOT / r["spec_path"]), r["variant"]
                 # plan_for None: the GPU's own plan, and the rows are measured on the H200
-                plan_for, tiles = r["plan_for"] or "sm_90", MmaSyncTiles(*r["tiles"]) if r["tiles"] else None
+                plan_for = r["plan_for"] or "sm_90"
+                tiles = ran_tiles(spec, plan_for, r["tiles"], shape=shape)
             else:  # bench.run: the spec's sm_120 plan over the grid
                 base = kgen.load_spec(specs.get(data["spec"], ROOT / data["spec_path"]))
-                spec, variant, plan_for, tiles = spec_for(base, r["H"], r["T"], r["page_size"]), \
-                    f"{base.name} grid", None, None
+                spec, variant, plan_for = spec_for(base, r["H"], r["T"], r["page_size"]), f"{base.name} grid", None
+                tiles = None
             if not modeled(plan(spec, plan_for, tiles).tiles):
                 continue  # measured, but no model of that loop yet (the wgmma loop)
             rows.append({"variant": variant, "source": path.name, "spec": spec, "plan_for": plan_for,
-                         "tiles": tiles, "shape": shape, "us": r["us"], "ncu": r.get("ncu")})
+                         "tiles": tiles, "shape": shape, "shape_name": r.get("shape"), "us": r["us"],
+                         "ncu": r.get("ncu")})
     return rows
 
 
@@ -72,39 +92,78 @@ def calls(rows: list[dict]) -> list:
     return [call(r["spec"], r["shape"], "sm_90", plan_for=r["plan_for"], tiles=r["tiles"]) for r in rows]
 
 
-def loss(rows, cs, cal) -> float:
+def design_params(cs) -> list[str]:
+    """The parameters a fit moves: the shared ones (BOUNDS; overlap and barrier_cycles there are the
+    row-block loop's) and each other modeled design's own DESIGN_TERMS ("design:term")."""
+    from kgen.model import DESIGN_TERMS
+
+    others = sorted({c.plan.tiles.design for c in cs} - {"mma_sync"})
+    return list(BOUNDS) + [f"{d}:{t}" for d in others for t in DESIGN_TERMS]
+
+
+def bounds(name: str) -> tuple[float, float]:
+    return BOUNDS[name.split(":")[-1]]
+
+
+def cal_of(x: dict, design: str):
+    """The Calibration a design sees from the flat parameters x."""
+    from kgen.model import Calibration
+
+    return Calibration(**{**{k: v for k, v in x.items() if ":" not in k},
+                          **{k.split(":")[1]: v for k, v in x.items() if k.startswith(design + ":")}})
+
+
+def params_of(design_cals: dict) -> dict:
+    """Flat parameters from {design: Calibration} (the row-block loop's holds the shared terms)."""
+    from kgen.model import DESIGN_TERMS
+
+    x = asdict(design_cals["mma_sync"])
+    for d, c in design_cals.items():
+        if d != "mma_sync":
+            x.update({f"{d}:{t}": getattr(c, t) for t in DESIGN_TERMS})
+    return x
+
+
+def loss(rows, cs, x) -> float:
     """Mean squared log error, each variant weighing the same."""
     per: dict[str, list[float]] = {}
     for r, c in zip(rows, cs):
-        per.setdefault(r["variant"], []).append(math.log(c.predict(cal).us / r["us"]) ** 2)
+        per.setdefault(r["variant"], []).append(math.log(c.predict(cal_of(x, c.plan.tiles.design)).us / r["us"]) ** 2)
     return sum(sum(v) / len(v) for v in per.values()) / len(per)
 
 
-def fit(rows, cs, start):
-    """Coordinate descent within BOUNDS, halving the steps when no move helps."""
-    best, x, steps = loss(rows, cs, start), asdict(start), dict(STEPS)
+def fit(rows, cs, start: dict, designs_only: bool = False) -> dict:
+    """Coordinate descent within BOUNDS, halving the steps when no move helps; designs_only: only
+    the designs' own terms move (the shared ones stay as they are)."""
+    names = [k for k in design_params(cs) if ":" in k or not designs_only]
+    x = dict(start)
+    best, steps = loss(rows, cs, x), {k: STEPS[k.split(":")[-1]] for k in names}
     for _ in range(60):
         moved = False
-        for name, (lo, hi) in BOUNDS.items():
+        for name in names:
+            lo, hi = bounds(name)
             for sign in (1, -1):
                 y = {**x, name: min(hi, max(lo, x[name] + sign * steps[name]))}
-                value = loss(rows, cs, type(start)(**y))
+                value = loss(rows, cs, y)
                 if value < best - 1e-9:
                     best, x, moved = value, y, True
         if not moved:
             steps = {k: v / 2 for k, v in steps.items()}
-            if all(steps[k] < STEPS[k] / 64 for k in steps):
+            if all(steps[k] < STEPS[k.split(":")[-1]] / 64 for k in steps):
                 break
-    return type(start)(**{k: round(v, 4) for k, v in x.items()})
+    return {**start, **{k: round(v, 4) for k, v in x.items()}}
 
 
-def evaluate(rows, cs, cal) -> list[dict]:
+def evaluate(rows, cs, x: dict, holdout: set[str]) -> list[dict]:
+    from kgen.designs import text as tiles_text
+
     out = []
     for r, c in zip(rows, cs):
-        p = c.predict(cal)
+        p = c.predict(cal_of(x, c.plan.tiles.design))
         s = r["shape"]
         row = {"variant": r["variant"], "source": r["source"], "spec": r["spec"].name, "plan_for": r["plan_for"],
-               "tiles": asdict(c.plan.tiles), "H": s.H, "T": s.T, "L": s.L, "B": s.B, "page_size": s.page_size,
+               "tiles": tiles_text(c.plan.tiles), "design": c.plan.tiles.design,
+               "fitted": r["shape_name"] not in holdout, "H": s.H, "T": s.T, "L": s.L, "B": s.B, "page_size": s.page_size,
                "class": CLASS_OF.get((s.H, s.T, s.L, s.B)), "measured_us": round(r["us"], 2),
                "model_us": round(p.us, 2), "error_pct": round(100 * (p.us / r["us"] - 1), 1), "binding": p.binding,
                "model_pipe_cycles_per_tile": {k: round(v) for k, v in p.pipes.items()},
@@ -142,15 +201,20 @@ def summary(table: list[dict]) -> dict:
             "rms_error_pct": round(math.sqrt(sum(e * e for e in errs) / len(errs)), 1)}
 
 
-def sm120_predictions(cal) -> dict[str, list[dict]]:
+def sm120_predictions(x: dict) -> dict[str, list[dict]]:
+    """The model's sm_120 times of each shipped spec's sm_120 plan, and of glm5_sm120 on the overlap
+    loop (OverlapTiles()), over the grid and decode."""
     import kgen
-    from kgen.model import Shape, grid, predict
+    from kgen.designs import OverlapTiles
+    from kgen.model import Shape, call, grid
 
     out = {}
-    for name in SM120_SPECS:
+    for name in SM120_SPECS + ("glm5_sm120",):
         spec = kgen.load_spec(ROOT / "specs" / f"{name}.yaml")
+        tiles = OverlapTiles() if name in out else None
         shapes = grid(spec) + [Shape(spec.model.num_q_heads, 1, s.L, s.B) for s in grid(spec) if s.T == 16]
-        out[name] = [predict(spec, s, "sm_120", cal=cal).row() for s in shapes]
+        cs = [call(spec, s, "sm_120", tiles=tiles) for s in shapes]
+        out[f"{name} overlap loop" if tiles else name] = [c.predict(cal_of(x, c.plan.tiles.design)).row() for c in cs]
     return out
 
 
@@ -159,11 +223,16 @@ def _md(header: list[str], rows: list[list]) -> list[str]:
         ["| " + " | ".join(str(v) for v in r) + " |" for r in rows]
 
 
-def markdown(table: list[dict], cal, overall: dict, predictions: dict[str, list[dict]]) -> str:
-    lines = ["Calibration (kgen/model_calibration.json): "
-             + ", ".join(f"{k} = {v:g}" for k, v in asdict(cal).items()) + ".", "",
+def markdown(table: list[dict], x: dict, overall: dict, held: dict | None,
+             predictions: dict[str, list[dict]]) -> str:
+    lines = ["Calibration (kgen/model_calibration.json; `design:term` is a loop design's own term, the rest "
+             "are shared, and overlap / barrier_cycles there are the row-block loop's, mma_sync): "
+             + ", ".join(f"{k} = {v:g}" for k, v in x.items()) + ".", "",
              f"**{overall['pairs']} (plan, shape) pairs measured on the H200: the model is within "
              f"{overall['max_abs_error_pct']:.1f}% of every one (rms {overall['rms_error_pct']:.1f}%).**", ""]
+    if held:
+        lines += [f"**Out of sample** (shapes {', '.join(held['shapes'])}, not fitted on): {held['pairs']} pairs "
+                  f"within {held['max_abs_error_pct']:.1f}% (rms {held['rms_error_pct']:.1f}%).", ""]
     variants = sorted({r["variant"] for r in table})
     per = []
     for v in variants:
@@ -216,28 +285,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", action="store_true", help="refit the calibration and write kgen/model_calibration.json")
     ap.add_argument("--spec", action="append", default=[], metavar="NAME=PATH",
                     help="the spec file a bench.run result's spec name stands for")
+    ap.add_argument("--designs-only", action="store_true",
+                    help="with --fit: move only the loop designs' own terms (overlap, barrier_cycles), not the shared ones")
+    ap.add_argument("--exclude", default="", metavar="VARIANTS",
+                    help="comma-separated variant names to leave out entirely (e.g. code that has changed since)")
+    ap.add_argument("--holdout", default="", metavar="SHAPES",
+                    help="comma-separated bench.model_validate shape names the fit leaves out (out-of-sample check)")
     a = ap.parse_args(argv)
 
     from kgen import model
 
     specs = {k: Path(v) for k, v in (s.split("=", 1) for s in a.spec)}
-    rows = load_rows(a.measurements, specs)
+    holdout = {h for h in a.holdout.split(",") if h}
+    excluded = {v for v in a.exclude.split(",") if v}
+    rows = [r for r in load_rows(a.measurements, specs) if r["variant"] not in excluded]
     cs = calls(rows)
-    cal = model.calibration()
+    from kgen import designs
+
+    x = params_of({d.name: model.calibration(d.name) for d in designs.DESIGNS if d.modeled})
     if a.fit:
-        cal = fit(rows, cs, cal)
-    table = evaluate(rows, cs, cal)
+        fitted = [(r, c) for r, c in zip(rows, cs) if r["shape_name"] not in holdout]
+        x = fit([r for r, _ in fitted], [c for _, c in fitted], x, a.designs_only)
+    table = evaluate(rows, cs, x, holdout)
     overall = summary(table)
+    out_rows = [r for r in table if not r["fitted"]]
+    held = {**summary(out_rows), "shapes": sorted(holdout)} if out_rows else None
+    designs = {d: {t: x[f"{d}:{t}"] for t in model.DESIGN_TERMS}
+               for d in sorted({k.split(":")[0] for k in x if ":" in k})}
+    shared = {k: v for k, v in x.items() if ":" not in k}
     if a.fit:
-        model.CALIBRATION_FILE.write_text(json.dumps({"calibration": asdict(cal), "validation": overall}, indent=1) + "\n")
+        model.CALIBRATION_FILE.write_text(json.dumps({"calibration": shared, "designs": designs, "validation": overall,
+                                                      **({"out_of_sample": held} if held else {})}, indent=1) + "\n")
         model.calibration.cache_clear()
-    predictions = sm120_predictions(cal)
-    OUT.write_text(json.dumps({"calibration": asdict(cal), "validation": overall,
-                               "measurements": [str(p) for p in a.measurements], "pairs": table,
-                               "sm120_predictions": predictions}, indent=1) + "\n")
-    write_docs(markdown(table, cal, overall, predictions))
+    predictions = sm120_predictions(x)
+    OUT.write_text(json.dumps({"calibration": shared, "designs": designs, "validation": overall,
+                               "out_of_sample": held, "measurements": [str(p) for p in a.measurements],
+                               "pairs": table, "sm120_predictions": predictions}, indent=1) + "\n")
+    write_docs(markdown(table, x, overall, held, predictions))
     print(f"{overall['pairs']} pairs: max |error| {overall['max_abs_error_pct']}%, rms {overall['rms_error_pct']}%; "
-          f"calibration {asdict(cal)}; wrote {OUT}, {DOCS}"
+          f"calibration {x}; wrote {OUT}, {DOCS}"
           + (", kgen/model_calibration.json" if a.fit else ""))
     return 0
 

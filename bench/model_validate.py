@@ -30,11 +30,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (spec file, the arch whose plan runs (None: the GPU's own), mma.sync tiles BM,BN,WARPS_M,STAGES,MIN_BLOCKS)
 VARIANTS = {
-    "sm120_plan": ("specs/glm5_sm120.yaml", "sm_120", None),
-    "sm90_plan": ("specs/glm5_sm120.yaml", None, None),  # the wgmma loop on an H100/H200
-    "sm90_mma4": ("specs/glm5_sm120.yaml", "sm_90", (32, 32, 2, 4, 1)),
-    "bn16": ("specs/glm5_sm120.yaml", "sm_120", (32, 16, 2, 4, 1)),
-    "stages3": ("specs/glm5_sm120.yaml", "sm_90", (32, 32, 2, 3, 1)),
+    "sm120_plan": ("specs/glm5_sm120.yaml", "sm_120", None),  # the row-block loop
+    "sm90_plan": ("specs/glm5_sm120.yaml", None, None),  # the wgmma loop on an H100/H200 (and its tuned table)
+    "wgmma4": ("specs/glm5_sm120.yaml", "sm_90", "wgmma:32,4,1"),  # the wgmma loop alone, 4 and 3 stages
+    "wgmma3": ("specs/glm5_sm120.yaml", "sm_90", "wgmma:32,3,1"),
+    "sm90_mma4": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:32,32,2,4,1"),
+    "bn16": ("specs/glm5_sm120.yaml", "sm_120", "mma_sync:32,16,2,4,1"),
+    "stages3": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:32,32,2,3,1"),
+    "overlap": ("specs/glm5_sm120.yaml", "sm_120", "overlap:16,4,1,1"),  # the overlap loop, Q·K a tile ahead
+    "overlap16": ("specs/glm5_sm120.yaml", "sm_120", "overlap:16,4,0,1"),  # Q·K not ahead
+    "overlap16_s3": ("specs/glm5_sm120.yaml", "sm_120", "overlap:16,3,1,1"),
+    "overlap32": ("specs/glm5_sm120.yaml", "sm_120", "overlap:32,2,0,1"),
+    "overlap32_s3": ("specs/glm5_sm120.yaml", "sm_90", "overlap:32,3,1,1"),  # sm_90's shared memory only
+    "sm120_plan_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_120", None),
+    "overlap_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_120", "overlap:16,4,1,1"),
+    "overlap32_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_120", "overlap:32,2,0,1"),
     "fp8_f16": ("specs/glm5_fp8_sm120.yaml", "sm_120", None),
     "fp8_e4m3": ("specs/glm5_fp8_mma_e4m3_sm120.yaml", "sm_120", None),
 }
@@ -43,12 +53,18 @@ SHAPES = {
     "compute": (8, 16, 131072, 1),
     "compute_b8": (8, 16, 32768, 8),
     "compute_t64": (8, 64, 32768, 1),
+    "compute_b8_t64": (8, 64, 32768, 8),
+    "compute_l32k": (8, 16, 32768, 1),
+    "small_b32": (8, 16, 4096, 32),
+    "h16_compute": (16, 16, 131072, 1),  # H = 16: the tp4 variants
+    "h16_b16_t33": (16, 33, 32768, 16),
     "memory": (8, 1, 131072, 1),
     "memory_b32": (8, 1, 32768, 32),
     "small": (8, 16, 4096, 1),
     "small_decode": (8, 1, 4096, 1),
 }
-NCU_PAIRS = [("sm120_plan", "compute"), ("sm120_plan", "memory"), ("sm90_plan", "compute"), ("fp8_f16", "compute"),
+NCU_PAIRS = [("sm120_plan", "compute"), ("sm120_plan", "memory"), ("overlap", "compute"), ("overlap32", "compute"),
+             ("sm90_plan", "compute"), ("fp8_f16", "compute"),
              ("fp8_e4m3", "compute")]
 NCU_METRICS = [
     "gpu__time_duration.sum",
@@ -71,10 +87,10 @@ MAX_SET_BYTES = 6 << 30  # input sets per shape: several L2 sizes of KV, within 
 
 def module(variant: str):
     import kgen
-    from kgen.designs import MmaSyncTiles
+    from kgen import designs
 
     path, plan_for, tiles = VARIANTS[variant]
-    return kgen.jit(kgen.load_spec(ROOT / path), arch=plan_for, tiles=MmaSyncTiles(*tiles) if tiles else None)
+    return kgen.jit(kgen.load_spec(ROOT / path), arch=plan_for, tiles=designs.parse(tiles) if tiles else None)
 
 
 def inputs(mod, shape: tuple[int, int, int, int], sets: int, gen):
@@ -177,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import kgen
+    from kgen import designs
 
     from .ceilings import copy_bandwidth, cvt_rate, mma_rate
 
@@ -209,8 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for name in a.shapes.split(","):
             h, t, length, b = SHAPES[name]
+            if h != mod.spec.model.num_q_heads:
+                continue  # a shape of the other head count's variants
             us, sets = time_shape(mod, SHAPES[name], gen)
-            row = {"variant": variant, "spec_path": path, "plan_for": plan_for, "tiles": list(tiles) if tiles else None,
+            ran = mod.choice.tiles_for(t * b, b, length * b)  # the bucket's tuned tiling, else the plan's
+            row = {"variant": variant, "spec_path": path, "plan_for": plan_for, "tiles": designs.text(ran),
                    "shape": name, "H": h, "T": t, "L": length, "B": b, "page_size": mod.spec.cache.page_size,
                    "mode": "decode" if t == 1 else "verify", "us": us, "sets": sets}
             if a.ncu and (variant, name) in NCU_PAIRS:

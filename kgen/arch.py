@@ -34,6 +34,7 @@ class Arch:
     mma_fp8_tflops: float  # dense mma.sync e4m3 -> fp32; 0: none (ptxas emulates it with f16 HMMAs)
     fp8_cvt_per_clk: float  # e4m3x2 -> f16x2 conversions (F2FP.F16.E4M3.UNPACK_B) per SM per cycle
     smem_bytes_per_clk: int = 128  # shared-memory bandwidth per SM
+    wgmma_bf16_tflops: float = 0.0  # dense wgmma bf16 -> fp32; 0: no wgmma
     mma_sync_bf16: bool = True
     mma_sync_fp8: bool = False
     bulk_copy: bool = True  # cp.async.bulk and mbarrier transaction counts (sm_90+)
@@ -87,6 +88,7 @@ ARCHS: dict[str, Arch] = {
             fp8_cvt_per_clk=64.0,  # assumed (the fit of bench/model_table.py); bench.model_validate measures it
             mma_sync_fp8=True,
             wgmma=True,
+            wgmma_bf16_tflops=775.0,  # a large cuBLAS GEMM (wgmma) on the H200, measured (DESIGN §9)
         ),
     )
 }

@@ -80,9 +80,17 @@ class Calibration:
 CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")  # written by python -m bench.model_table
 
 
-@lru_cache(maxsize=1)
-def calibration() -> Calibration:
-    return Calibration(**json.loads(CALIBRATION_FILE.read_text())["calibration"])
+@lru_cache(maxsize=None)
+def calibration(design: str = "mma_sync") -> Calibration:
+    """The calibration of a loop design: the shared terms, and the design's own DESIGN_TERMS where they
+    were fitted ("designs" in the file), else the row-block loop's (mma_sync)."""
+    data = json.loads(CALIBRATION_FILE.read_text())
+    return Calibration(**{**data["calibration"], **data.get("designs", {}).get(design, {})})
+
+
+# How a loop design's pipes overlap and what its barriers cost are the design's own (fitted on its
+# measurements); the memory system and the per-call costs are shared by all designs.
+DESIGN_TERMS = ("overlap", "barrier_cycles")
 
 
 def validation() -> str:
@@ -124,7 +132,8 @@ def tile_work(p: Plan, arch: Arch) -> TileWork:
 def pipe_cycles(work: TileWork, arch: Arch) -> dict[str, float]:
     """Cycles per tile of each pipe on one SM of `arch`."""
     per_sm_clk = arch.sm_count * arch.clock_ghz * 1e9
-    rates = {"bf16": arch.mma_bf16_tflops, "f16": arch.mma_bf16_tflops, "e4m3": arch.mma_fp8_tflops}
+    rates = {"bf16": arch.mma_bf16_tflops, "f16": arch.mma_bf16_tflops, "e4m3": arch.mma_fp8_tflops,
+             "wgmma_bf16": arch.wgmma_bf16_tflops}
     tensor = sum(f / (rates[k] * 1e12 / per_sm_clk) for k, f in work.mma_flops.items())
     return {"tensor": tensor, "smem": work.smem_wavefronts * 128 / arch.smem_bytes_per_clk,
             "convert": work.convert_lanes / arch.fp8_cvt_per_clk, "issue": work.issue}
@@ -210,7 +219,7 @@ class Call:
         return self.arch.sm_count * self.plan.tiles.min_blocks
 
     def predict(self, cal: Calibration | None = None) -> Prediction:
-        cal = cal or calibration()
+        cal = cal or calibration(self.plan.tiles.design)
         arch, spec, shape = self.arch, self.spec, self.shape
         cycles, pipe = compute_cycles(self.work, arch, cal)
         compute_us = cycles / (arch.clock_ghz * 1e3)

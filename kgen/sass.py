@@ -19,11 +19,11 @@ from functools import lru_cache
 from .errors import KgenError
 
 # Bump when the classes below change: cached counts of an older version are recomputed.
-COUNTS_VERSION = 3
+COUNTS_VERSION = 4
 ALWAYS = ("HMMA", "LDSM", "UBLKCP", "LDG", "STG", "LDL", "STL", "BAR")  # reported even when 0
 
 # "        /*0050*/   @!P0 LDG.E.128.CONSTANT R20, desc[UR6][R2.64] ;" -> "LDG.E.128.CONSTANT"
-_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)(.*)")
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)(.*)")  # modifiers may be lowercase: HGMMA.64x32x16
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
 _WIDTHS = {"U8": 8, "S8": 8, "U16": 16, "S16": 16, "32": 32, "64": 64, "128": 128, "256": 256}

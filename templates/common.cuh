@@ -105,6 +105,11 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) 
                  : "r"(smem_addr(smem)));
 }
 
+// Two 8x8 b16 matrices; lanes 0-15 supply the row addresses (lane i of matrix i / 8).
+__device__ __forceinline__ void ldmatrix_x2(unsigned (&r)[2], const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(smem)));
+}
+
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -11,7 +11,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from conftest import spec_named
 
+import kgen
+from kgen import designs
 from kgen.inputs import TREE_KINDS, Dims, make_verify_inputs, poison_
 from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
 
@@ -334,3 +337,27 @@ def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spe
     kwargs.update({k: fills.get(v, v) if isinstance(v, str) else v for k, v in change.items()})
     with pytest.raises(error, match=rf"\b{arg}\b"):
         mod.verify_attention(**kwargs)
+
+
+# Every tiling kgen tune may pick for sm_120 (both mma.sync loop designs), whatever the plan of the
+# run: the heuristic sm_120 plan is one of them, the others run only here.
+SM120_TILINGS = ["mma_sync:32,32,2,2,1", "mma_sync:32,16,2,4,1", "overlap:16,4,1,1", "overlap:16,4,0,1",
+                 "overlap:32,2,0,1"]
+_TILED: dict = {}  # tiles -> module, compiled once per session
+
+
+@pytest.mark.parametrize("case", range(2))
+@pytest.mark.parametrize("tiles", SM120_TILINGS)
+def test_every_sm120_tiling_matches_the_reference(cuda, seed, tiles, case):
+    """glm5_sm120 (H = 8): edge batches and a random batch per case. (KGEN_TEST_PLAN_ARCH=sm_120
+    runs the whole suite, every spec, with the sm_120 plan's own tiling.)"""
+    if tiles not in _TILED:
+        _TILED[tiles] = kgen.jit(spec_named("glm5_sm120"), arch="sm_120", tiles=designs.parse(tiles))
+    mod = _TILED[tiles]
+    dims = Dims.of(mod.spec)
+    rng = random.Random(seed)
+    for what, (sizes, lens) in [*edge_batches(dims.max_nodes, rng).items(), ("random", random_batch(dims, rng)[:2])]:
+        kind = rng.choice(TREE_KINDS)
+        inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda,
+                                 generator=generator(cuda, rng.randrange(2**62)))
+        check_ops(mod, inp, f"{tiles} {what}: {describe('glm5_sm120', inp, kind)}")

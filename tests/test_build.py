@@ -13,7 +13,7 @@ from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
 from kgen.arch import ArchError
-from kgen.designs import MmaSyncTiles
+from kgen.designs import MmaSyncTiles, OverlapTiles
 from kgen.model import Shape, work_items
 from kgen.plan import plan
 from kgen.render import generated_files, render
@@ -164,6 +164,9 @@ def test_rendered_source_injects_plan_values():
     assert f'extern "C" __global__ void __launch_bounds__({v.threads}, {v.min_blocks}) {v.variant_id}(' in src
     assert "static constexpr int SMEM_BYTES = 98088;" in src and "kgen::prefix_attention<Cfg, 1, false, MASK_WORDS>(" in src
     assert v.variant_id.startswith("prefix_attn__h8_d576_ps1_bf16_t64_sm120__")
+    overlap = render(plan(p.spec, tiles=OverlapTiles(16, 4, 1)).variant("prefix_attn"))  # the second sm_120 design
+    assert '#include "kgen/attention_overlap.cuh"' in overlap and "static constexpr int SMEM_BYTES = 88872;" in overlap
+    assert "kgen::OverlapAttnConfig<8, 576, 512, 16, 4, true, Layout>;" in overlap
 
 
 def test_variant_ids_are_unique_and_change_with_the_plan():

@@ -14,7 +14,7 @@ from kgen.arch import get_arch
 from kgen.cli import app
 from kgen.model import Calibration, Item, Shape, floor, grid, predict, rank_by_model, simulate
 from kgen.occupancy import occupancy
-from kgen.designs import MmaSyncTiles, base
+from kgen.designs import MmaSyncTiles, OverlapTiles, base
 from kgen.plan import plan
 from kgen.spec import load_spec
 
@@ -29,17 +29,21 @@ def spec(name: str):
     return load_spec(SPEC_DIR / f"{name}.yaml")
 
 
-@pytest.mark.parametrize("name, arch, mma, per_warp, unpacks", [
-    ("glm5_sm120", "sm_90", "HMMA.16816.F32.BF16", 68, 0),  # QK 9 k-steps x 4 n-tiles + PV 2 x 16
-    ("glm5_sm120", "sm_120", "HMMA.16816.F32.BF16", 68, 0),
-    ("glm5_fp8_sm120", "sm_120", "HMMA.16816.F32", 68, 136),  # f16: K 9 x 8 + V 8 x 8 conversions
-    ("glm5_fp8_mma_e4m3_sm120", "sm_120", "QMMA.16832.F32.E4M3.E4M3", 36, 0),  # QK 5 x 4 + PV 16 (busiest group)
+@pytest.mark.parametrize("name, arch, mma, per_warp, unpacks, tiles", [
+    ("glm5_sm120", "sm_90", "HMMA.16816.F32.BF16", 68, 0, None),  # QK 9 k-steps x 4 n-tiles + PV 2 x 16
+    ("glm5_sm120", "sm_120", "HMMA.16816.F32.BF16", 68, 0, None),
+    ("glm5_fp8_sm120", "sm_120", "HMMA.16816.F32", 68, 136, None),  # f16: K 9 x 8 + V 8 x 8 conversions
+    ("glm5_fp8_mma_e4m3_sm120", "sm_120", "QMMA.16832.F32.E4M3.E4M3", 36, 0, None),  # QK 5 x 4 + PV 16 (busiest group)
+    # the overlap loop, 16-key tiles: QK 9 k-steps x 2 row tiles x 1 key tile + PV 2 x 8; 32-key tiles twice that
+    ("glm5_sm120", "sm_120", "HMMA.16816.F32.BF16", 34, 0, OverlapTiles(16, 4, 1)),
+    ("glm5_sm120", "sm_90", "HMMA.16816.F32.BF16", 34, 0, OverlapTiles(16, 4, 0)),
+    ("glm5_sm120", "sm_120", "HMMA.16816.F32.BF16", 68, 0, OverlapTiles(32, 2, 0)),
 ])
-def test_tile_loop_is_one_tile_of_the_plan(name, arch, mma, per_warp, unpacks):
-    loop = model._loop(plan(spec(name)).variant("prefix_attn"), arch)
+def test_tile_loop_is_one_tile_of_the_plan(name, arch, mma, per_warp, unpacks, tiles):
+    loop = model._loop(plan(spec(name), "sm_120", tiles).variant("prefix_attn"), arch)
     assert loop[mma] == per_warp and sum(n for op, n in loop.items() if "MMA" in op) == per_warp
     assert sum(n for op, n in loop.items() if op.startswith("F2FP") and "UNPACK" in op) == unpacks
-    assert sum(n for op, n in loop.items() if op.startswith("BAR.SYNC")) == 2  # the row block's two barriers
+    assert sum(n for op, n in loop.items() if op.startswith("BAR.SYNC")) == 2  # the tile's two barriers
 
 
 def test_shared_wavefronts_of_the_bf16_tile_match_the_v7_count():
@@ -56,9 +60,48 @@ def test_shared_wavefronts_of_the_bf16_tile_match_the_v7_count():
     assert h200["smem"] > 2 * h200["tensor"]
 
 
+def test_the_overlap_loop_reads_each_k_and_v_fragment_once():
+    """Every warp on all 32 rows: K (36 KB per 32 keys) and V (32 KB) fragments are read once per
+    CTA, P by every warp, partial scores 4 x 4 KB written and read: 25-30% fewer shared wavefronts
+    per key than the row-block loop (1016-1088 against 1448 per 32 keys), the same MMA FLOPs."""
+    rows = model.tile_work(plan(spec("glm5_sm120")), get_arch("sm_120"))
+    for tiles in (OverlapTiles(16, 4, 1), OverlapTiles(32, 2, 0)):
+        work = model.tile_work(plan(spec("glm5_sm120"), tiles=tiles), get_arch("sm_120"))
+        per_key = (work.smem_wavefronts - work.kv_bytes / 128) / work.keys
+        assert work.mma_flops == {"bf16": 8 * 68 * 4096 * tiles.bn // 32}
+        assert 900 / 32 <= per_key <= 0.76 * (rows.smem_wavefronts - rows.kv_bytes / 128) / rows.keys
+
+
+def test_the_wgmma_loop_counts_warpgroup_mmas_and_their_shared_operands():
+    """Per 64 x 32 tile: 2 consumers x (18 m64n32k16 + 2 m64n256k16) = the tile's 2*64*32*1088 FLOPs at
+    the wgmma rate; the wgmmas read K (36 KB), V (32 KB) and Q's smem-resident dims (24 KB) themselves."""
+    work = model.tile_work(plan(spec("glm5_sm120"), "sm_90"), get_arch("sm_90"))
+    assert work.mma_flops == {"wgmma_bf16": 2 * 64 * 32 * 1088} and work.keys == 32
+    lsu = work.smem_wavefronts - work.kv_bytes / 128 - (36 + 32 + 24) * 1024 / 128
+    assert 0 < lsu < 400  # the partial-score exchange, through lds/sts
+    cycles = model.pipe_cycles(work, get_arch("sm_90"))
+    assert cycles["tensor"] == pytest.approx(2 * 64 * 32 * 1088 / (775e12 / (132 * 1.755e9)), rel=0.01)
+
+
+def test_a_design_without_its_own_fit_uses_the_row_block_loops_terms(tmp_path, monkeypatch):
+    data = json.loads(model.CALIBRATION_FILE.read_text())
+    data["designs"] = {"overlap": {"overlap": 0.5, "barrier_cycles": 10.0}}
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(model, "CALIBRATION_FILE", path)
+    model.calibration.cache_clear()
+    try:
+        assert model.calibration("overlap").overlap == 0.5 and model.calibration("overlap").barrier_cycles == 10.0
+        assert model.calibration("wgmma") == model.calibration("mma_sync")
+        assert model.calibration("wgmma").dram_efficiency == data["calibration"]["dram_efficiency"]
+    finally:
+        model.calibration.cache_clear()
+
+
 def test_wavefront_and_mma_parsing():
     assert base._mma("HMMA.16816.F32.BF16") == ("bf16", 4096)
     assert base._mma("QMMA.16832.F32.E4M3.E4M3") == ("e4m3", 8192)
+    assert base._mma("HGMMA.64x256x16.F32.BF16") == ("wgmma_bf16", 2 * 64 * 256 * 16)
     assert base._mma("LDSM.16.M88.4") is None
     assert [base._wavefronts(op) for op in ("LDSM.16.MT88.4", "LDSM.16.M88.2", "LDS.128", "STS.64", "STS.U16",
                                             "LDS", "FADD")] == [4, 2, 4, 2, 1, 1, 0]

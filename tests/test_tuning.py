@@ -13,7 +13,9 @@ from kgen import tuning
 from kgen.arch import get_arch
 from kgen.choice import PlanChoice
 from kgen import designs
-from kgen.designs import MmaSyncTiles, WgmmaTiles
+from kgen.designs import MmaSyncTiles, OverlapTiles, WgmmaTiles
+from kgen.errors import PlanError
+from kgen.plan import plan
 from kgen.spec import parse_spec
 from kgen.tuning import Bucket, Choice, Table, TuningError, decide, find_table, parse_tiles
 
@@ -52,11 +54,13 @@ def test_every_bucket_has_a_representative_shape_within_the_tree(spec):
 
 
 def test_tiles_text_round_trips_and_bad_text_names_the_forms():
-    for t in (WgmmaTiles(), WgmmaTiles(stages=3), MmaSyncTiles(32, 32, 2, 4, 1)):
+    for t in (WgmmaTiles(), WgmmaTiles(stages=3), MmaSyncTiles(32, 32, 2, 4, 1), OverlapTiles(16, 4, 1, 1),
+              OverlapTiles(32, 2, 0, 1)):
         assert parse_tiles(designs.text(t)) == t
     assert designs.text(MmaSyncTiles(32, 16, 2, 4, 1)) == "mma_sync:32,16,2,4,1"  # the tables' form
     for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2"):
-        with pytest.raises(TuningError, match="wgmma:BN,STAGES,MIN_BLOCKS or mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS"):
+        with pytest.raises(TuningError, match="wgmma:BN,STAGES,MIN_BLOCKS or mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS "
+                                              "or overlap:BN,STAGES,AHEAD,MIN_BLOCKS"):
             parse_tiles(bad)
 
 
@@ -64,7 +68,12 @@ def test_candidates_fit_the_arch(spec):
     sm90 = tuning.candidates(spec, get_arch("sm_90"))
     assert WgmmaTiles(stages=4) in sm90 and MmaSyncTiles(32, 32, 2, 4, 1) in sm90
     sm120 = tuning.candidates(spec, get_arch("sm_120"))  # 99 KB: no 4-stage ring of 32-row tiles
-    assert sm120 == [MmaSyncTiles(32, 32, 2, 2, 1), MmaSyncTiles(32, 16, 2, 4, 1)]
+    assert sm120 == [MmaSyncTiles(32, 32, 2, 2, 1), MmaSyncTiles(32, 16, 2, 4, 1), OverlapTiles(16, 4, 1, 1),
+                     OverlapTiles(16, 4, 0, 1), OverlapTiles(32, 2, 0, 1)]
+    fp8 = tuning.candidates(kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml"), get_arch("sm_120"))
+    assert not [t for t in fp8 if t.design == "overlap"]  # the overlap loop takes bf16 caches only
+    with pytest.raises(PlanError, match="3\\+ with Q·K ahead"):
+        plan(spec, "sm_120", tiles=OverlapTiles(32, 2, 1))  # would wait for a stage it has yet to refill
 
 
 def test_tune_for_an_arch_that_is_not_here_ranks_by_the_model():

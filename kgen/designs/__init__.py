@@ -6,12 +6,14 @@ from __future__ import annotations
 from ..arch import Arch
 from ..errors import PlanError
 from ..spec import Spec
-from . import mma_sync, wgmma
+from . import mma_sync, overlap, wgmma
 from .base import Design, Tiles, TileWork
 from .mma_sync import MmaSyncTiles
+from .overlap import OverlapTiles
 from .wgmma import WgmmaTiles
 
-DESIGNS: tuple[Design, ...] = (wgmma.DESIGN, mma_sync.DESIGN)  # the first that plans wins
+# the first that plans wins; the overlap loop only where asked for (tiles, kgen tune): bench/NOTES.md v15
+DESIGNS: tuple[Design, ...] = (wgmma.DESIGN, mma_sync.DESIGN, overlap.DESIGN)
 _BY_NAME = {d.name: d for d in DESIGNS}
 
 
@@ -33,10 +35,11 @@ def allowed(arch: Arch) -> list[Design]:
 
 
 def choose(spec: Spec, arch: Arch) -> Tiles:
-    """The arch's own loop: the first allowed design that can plan the spec (wgmma where the arch
-    has it and the spec allows it; otherwise the mma.sync loop with the deepest ring that fits)."""
+    """The arch's own loop: the first allowed design the planner may choose (Design.heuristic) that can
+    plan the spec (wgmma where the arch has it and the spec allows it; otherwise the mma.sync loop with
+    the deepest ring that fits)."""
     error = None
-    for design in allowed(arch):
+    for design in (d for d in allowed(arch) if d.heuristic):
         try:
             return design.choose(spec, arch)
         except PlanError as e:
@@ -64,5 +67,5 @@ def text_forms() -> str:
     return " or ".join(d.text_form() for d in DESIGNS)
 
 
-__all__ = ["DESIGNS", "Design", "Tiles", "TileWork", "MmaSyncTiles", "WgmmaTiles", "named", "of", "allowed",
+__all__ = ["DESIGNS", "Design", "Tiles", "TileWork", "MmaSyncTiles", "OverlapTiles", "WgmmaTiles", "named", "of", "allowed",
            "choose", "text", "parse", "text_forms"]

@@ -50,6 +50,7 @@ class Design:
     requires: ClassVar[tuple[str, ...]] = ()  # arch features beyond mma.sync, ldmatrix and bulk copies
     sass_expect: ClassVar[tuple[str, ...]] = ()  # instruction classes (kgen.sass) its compiled loop contains
     modeled: ClassVar[bool] = False  # whether tile_work gives the performance model's entry
+    heuristic: ClassVar[bool] = True  # whether the planner may choose it (else tiles overrides and tune only)
     modeled_kernel: ClassVar[str] = "prefix_attn"  # the variant whose tile loop the model reads
 
     def allowed(self, arch: Arch) -> bool:
@@ -86,6 +87,15 @@ def render_config(what: str, layout: dict[str, int], config: str) -> str:
     return f"// Shared memory of {what}: offsets and sizes in bytes.\nstruct Layout {{\n{members}}};\nusing Cfg = {config};"
 
 
+def fitting(spec: Spec, arch: Arch, tiles: Tiles, loop: str) -> Tiles:
+    """`tiles` where its shared memory fits a block of `arch`, else PlanError naming the loop."""
+    need = tiles.smem_bytes(spec)
+    if need > arch.smem_per_block:
+        raise PlanError(f"{spec.name}: the {loop} loop needs {need} B of shared memory per block; "
+                        f"{arch.name} allows {arch.smem_per_block} B")
+    return tiles
+
+
 def check(condition: bool, message: str) -> None:
     """A tiling's shape rule: PlanError(message) where it does not hold."""
     if not condition:
@@ -106,11 +116,15 @@ class TileWork:
 
 
 def _mma(op: str) -> tuple[str, int] | None:
-    """(input type, FLOPs) of an MMA opcode: HMMA.16816.F32.BF16 -> ("bf16", 4096)."""
+    """(input type, FLOPs) of an MMA opcode: HMMA.16816.F32.BF16 -> ("bf16", 4096); a warpgroup MMA
+    (one instruction per warp of the warpgroup) HGMMA.64x32x16.F32.BF16 -> ("wgmma_bf16", 65536)."""
     base, *mods = op.split(".")
     if not base.endswith("MMA"):
         return None
-    shape = mods[0]  # m n k, e.g. 16816, 16832
+    shape = mods[0]  # m n k, e.g. 16816, 16832, 64x32x16
+    if base == "HGMMA":
+        m, n, k = (int(x) for x in shape.split("x"))
+        return "wgmma_bf16", 2 * m * n * k
     flops = 2 * int(shape[:2]) * int(shape[2]) * int(shape[3:])
     kind = "e4m3" if "E4M3" in mods else "bf16" if "BF16" in mods else "f16"
     return kind, flops

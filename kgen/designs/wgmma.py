@@ -3,13 +3,14 @@ warpgroups that split the dims of 64 packed rows; needs sm_90a's wgmma and setma
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ..arch import Arch
-from ..errors import PlanError
 from ..spec import Spec
-from .base import Design, check, render_config
+from .. import kvrows
+from .base import Design, TileWork, _mma, check, fitting, render_config, tile_work_from_loop
 
 BM = 64  # packed rows per CTA: one m64 wgmma
 Q_REG_STEPS = 12  # k16 steps of Q·K per consumer with Q in registers (A operand); the rest read smem
@@ -69,18 +70,28 @@ class Wgmma(Design):
     tiles = WgmmaTiles
     requires = ("wgmma",)
     sass_expect = ("HGMMA", "LDGSTS")  # warpgroup MMAs fed by cp.async
-    # tile_work: none yet (the model reads mma.sync loops; wgmma's MMAs read shared memory themselves)
+    modeled = True
 
     def choose(self, spec: Spec, arch: Arch) -> WgmmaTiles:
         """A 4-stage ring where the spec allows the loop and it fits."""
-        t = WgmmaTiles()
-        if t.smem_bytes(spec) > arch.smem_per_block:
-            raise PlanError(f"{spec.name}: the wgmma loop needs {t.smem_bytes(spec)} B of shared memory per block; "
-                            f"{arch.name} allows {arch.smem_per_block} B")
-        return t
+        return fitting(spec, arch, WgmmaTiles(), "wgmma")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[WgmmaTiles]:
         return [WgmmaTiles(stages=s) for s in (3, 4)] if spec.cache.kv_dtype == "bfloat16" else []
+
+    def tile_work(self, spec: Spec, tiles: WgmmaTiles, loop: Counter) -> TileWork:
+        """The 2 consumer warpgroups (8 warps) run the loop. An HGMMA is one warpgroup's MMA (one
+        instruction per warp, counted once per warpgroup) at the wgmma rate; the wgmmas read K, V and
+        Q's dims past the register k-steps from shared memory themselves (no ldmatrix in the SASS:
+        those bytes are added); the producer's cp.async writes the tile."""
+        m, consumers, warps = spec.model, 2, 8
+        hgmma = Counter({op: n for op, n in loop.items() if op.startswith("HGMMA")})
+        rest = tile_work_from_loop(loop - hgmma, warps, tiles.bn, tiles.bn * kvrows.row_bytes(spec))
+        flops = consumers * sum(n * _mma(op)[1] for op, n in hgmma.items())
+        k_steps, q_smem_steps = m.head_dim // 16 // consumers, (m.head_dim - 2 * Q_REG_STEPS * 16) // 16 // consumers
+        operands = consumers * (k_steps * tiles.bn * 32 + q_smem_steps * BM * 32 + m.value_dim // consumers * tiles.bn * 2)
+        return replace(rest, mma_flops={"wgmma_bf16": flops}, smem_wavefronts=rest.smem_wavefronts + operands / 128,
+                       issue=rest.issue + warps / 4 * sum(hgmma.values()))
 
 
 DESIGN = Wgmma()

@@ -1,0 +1,332 @@
+// The overlap loop's mma.sync pieces (attention_overlap.cuh): Q·K partial scores over a dim group's
+// k-steps, their exchange and the online softmax of a tile, P·V, and the normalized output, each
+// for a slice of rows (row0, 16-row tiles) and of value dims (dim0), read from the design's Config C.
+// Debt: the row-block loop (attention.cuh) has its own copies of the fragment helpers, which grew
+// the DSA pool's scaled rows meanwhile; these were shared by both loops before that merge and should
+// be again (one header, sliced by rows and dims as here, with the scaled-row branches).
+#pragma once
+#include "kgen/rows.cuh"
+
+namespace kgen {
+
+// First key dim of this warp group's k-step `ks`: its value/latent slice, then its rope steps.
+template <class C>
+__device__ __forceinline__ int key_dim(int group, int ks) {
+    return ks < C::VALUE_STEPS ? group * C::DV_G + ks * C::K_STEP
+                               : C::DV + ((ks - C::VALUE_STEPS) * C::DIM_GROUPS + group) * C::K_STEP;
+}
+
+// Whether group `group` has a k-step `ks` (the rope steps may not divide evenly among groups).
+template <class C>
+__device__ __forceinline__ bool has_step(int group, int ks) {
+    return ks < C::VALUE_STEPS || (ks - C::VALUE_STEPS) * C::DIM_GROUPS + group < C::ROPE_STEPS;
+}
+
+// d += a * b in the MMA type of the config.
+template <class C>
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (C::MMA_E4M3) mma_16832_e4m3(d, a, b0, b1);
+    else if constexpr (C::MMA_F16) mma_16816_f16(d, a, b0, b1);
+    else mma_16816(d, a, b0, b1);
+}
+
+// Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
+// in the k order of the P·V B fragments built from ldmatrix.trans (see value_fragments): key
+// 2q+i+8h of the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
+template <class C>
+__device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1) {
+    if constexpr (C::MMA_E4M3) {
+        const int k = c % 16, pos = c - k + 4 * ((k % 8) / 2) + 2 * (k / 8);
+        *reinterpret_cast<unsigned short*>(p_row + pos) = pack_e4m3x2(p0 * C::P_SCALE, p1 * C::P_SCALE);
+    } else if constexpr (C::MMA_F16) {
+        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_half2(p0, p1);
+    } else {
+        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
+    }
+}
+
+// B operands of S = Q·K^T for the k-step at byte k_byte of the K_BLOCK keys from key0: kb[n] for
+// keys key0 + [8n, 8n + 8).
+// KEYS = 8 (bf16 only): the 8 keys from key0.
+template <class C, int KEYS = C::K_BLOCK>
+__device__ __forceinline__ void key_fragments(unsigned (&kb)[KEYS / 8][2], const char* kt, int key0, int k_byte,
+                                              int lane) {
+    static_assert(KEYS == C::K_BLOCK || (KEYS == 8 && !C::KV_FP8), "fp8 key blocks are whole");
+    unsigned r[4];
+    if constexpr (KEYS == 8) {
+        ldmatrix_x2(kb[0], kt + (key0 + lane % 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
+    } else if constexpr (C::MMA_F16) {
+        // 16 dims of 32 keys: register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
+        // pairs (the permuted k order quantize_q gives Q).
+        ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            kb[i][0] = e4m3x2_to_f16x2(r[i]);
+            kb[i][1] = e4m3x2_to_f16x2(r[i] >> 16);
+        }
+    } else {
+        // 32 bytes of 16 keys: r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
+        ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
+        kb[0][0] = r[0];
+        kb[0][1] = r[1];
+        kb[1][0] = r[2];
+        kb[1][1] = r[3];
+    }
+}
+
+// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
+// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
+// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
+// interleaves them).
+template <class C>
+__device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
+                                                int dim, int lane) {
+    if constexpr (!C::KV_FP8) {
+        unsigned b[4];
+        ldmatrix_x4_trans(b, kt + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
+        vb[0][0][0] = b[0];
+        vb[0][0][1] = b[1];
+        vb[0][1][0] = b[2];
+        vb[0][1][1] = b[3];
+    } else {
+        // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: t[i] holds keys 8i+2q, 8i+2q+1
+        // of dims 2g, 2g+1.
+        unsigned t[4];
+        ldmatrix_x4_trans(t, kt + (key0 + lane) * C::KV_STRIDE + dim);
+        if constexpr (C::MMA_E4M3) {
+            // k = 32: byte permutes gather keys {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in.
+            vb[0][0][0] = __byte_perm(t[0], t[1], 0x6420);
+            vb[0][0][1] = __byte_perm(t[2], t[3], 0x6420);
+            vb[0][1][0] = __byte_perm(t[0], t[1], 0x7531);
+            vb[0][1][1] = __byte_perm(t[2], t[3], 0x7531);
+        } else {
+            // k = 16 in key order: keys 2q, 2q+1 (register 0) and 2q+8, 2q+9 (register 1) of k-step s
+            // are t[2s] and t[2s+1]; a permute puts each dim's two keys side by side for the f16 convert.
+#pragma unroll
+            for (int s = 0; s < 2; ++s)
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    const unsigned even_odd = __byte_perm(t[2 * s + i], 0, 0x3120);
+                    vb[s][0][i] = e4m3x2_to_f16x2(even_odd);
+                    vb[s][1][i] = e4m3x2_to_f16x2(even_odd >> 16);
+                }
+        }
+    }
+}
+
+// bf16 Q fragments of dim group `group`'s k-steps for the 16-row tiles from row0 of the staged Q tile.
+template <class C, int MT>
+__device__ __forceinline__ void ldmatrix_q(unsigned (&qf)[MT][C::K_STEPS][4], const char* smem, int row0, int group,
+                                           int lane) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < C::K_STEPS; ++ks)
+            if (has_step<C>(group, ks))
+                ldmatrix_x4(qf[mt][ks], smem + (row0 + mt * 16 + lane % 16) * C::Q_STRIDE + key_dim<C>(group, ks) * 2 +
+                                            (lane / 16) * 16);
+}
+
+// Partial scores S = Q·K^T over dim group `group`'s k-steps for the NT * 8 keys from key_first of a
+// staged tile. Fewer than 4 accumulator tiles (MT * NT) split the k-steps by parity into two chains,
+// summed at the end, so that at least 4 MMAs are independent.
+template <class C, int MT, int NT>
+__device__ __forceinline__ void qk_partial(float (&s_acc)[MT][NT][4], const unsigned (&qf)[MT][C::K_STEPS][4],
+                                           const char* kt, int group, int key_first, int lane) {
+    constexpr int KEYS = NT * 8 < C::K_BLOCK ? NT * 8 : C::K_BLOCK;  // keys per fragment load
+    constexpr int CHAINS = MT * NT < 4 ? 2 : 1;
+    float acc[CHAINS][MT][NT][4];
+#pragma unroll
+    for (int c = 0; c < CHAINS; ++c)
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int k = 0; k < 4; ++k) acc[c][mt][n][k] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::K_STEPS; ++ks) {
+        if (!has_step<C>(group, ks)) continue;  // warp-uniform
+#pragma unroll
+        for (int key0 = 0; key0 < NT * 8; key0 += KEYS) {
+            unsigned kb[KEYS / 8][2];
+            key_fragments<C, KEYS>(kb, kt, key_first + key0, key_dim<C>(group, ks) * C::KV_ELEM, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int n = 0; n < KEYS / 8; ++n)
+                    mma<C>(acc[ks % CHAINS][mt][key0 / 8 + n], qf[mt][ks], kb[n][0], kb[n][1]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = CHAINS == 2 ? acc[0][mt][n][k] + acc[CHAINS - 1][mt][n][k]
+                                                                      : acc[0][mt][n][k];
+}
+
+// Store partial scores of the 16-row tiles from row0, keys from col0, as dim group `group`'s rows of
+// s_part [DIM_GROUPS][BM][S_STRIDE] for the reducers.
+template <class C, int MT, int NT>
+__device__ __forceinline__ void store_partial(float* s_part, const float (&s_acc)[MT][NT][4], int group, int row0,
+                                              int col0, int g, int q4) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const float* a = s_acc[mt][n];
+            float* dst = s_part + (group * C::BM + row0 + mt * 16 + g) * C::S_STRIDE + col0 + n * 8 + 2 * q4;
+            *reinterpret_cast<float2*>(dst) = make_float2(a[0], a[1]);
+            *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2], a[3]);
+        }
+}
+
+// A fresh state for the rows: O zero, no key seen (the online softmax's running max and sum).
+template <int MT, int NT, class State>
+__device__ __forceinline__ void start_rows(float (&o)[MT][NT][4], State& st) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) o[mt][n][k] = 0.f;
+    st.row_max = neg_inf();
+    st.row_sum = 0.f;
+}
+
+// Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
+// softmax (base 2) in `st` (row_max, row_sum, score_scale), its probabilities into P and the row's
+// rescale factor alpha.
+template <class C, class State, class Visible>
+__device__ __forceinline__ void softmax_rows(char* smem, State& st, int tile, int num_keys, const Visible& visible,
+                                             int red_row, int red_col0) {
+    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
+    float s[C::RED_COLS];
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
+#pragma unroll
+    for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
+        const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
+#pragma unroll
+        for (int c = 0; c < C::RED_COLS; c += 2) {
+            const float2 v = *reinterpret_cast<const float2*>(part + c);
+            s[c] += v.x; s[c + 1] += v.y;
+        }
+    }
+    float tile_max = neg_inf();
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        const int key = tile * C::BN + red_col0 + c;
+        s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
+        tile_max = fmaxf(tile_max, s[c]);
+    }
+    // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
+    // and the reduction across the row's reducers is skipped.
+    if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
+#pragma unroll
+        for (int off = 1; off < C::RED_THREADS; off *= 2)
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    }
+    const SoftmaxStep step = online_softmax_step(st.row_max, tile_max);
+    float p[C::RED_COLS], tile_sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        p[c] = exp2_fast(s[c] - step.ref);
+        tile_sum += p[c];
+    }
+    st.row_sum = st.row_sum * step.alpha + tile_sum;
+    char* p_smem = smem + C::P_OFF;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
+    if (threadIdx.x % C::RED_THREADS == 0) reinterpret_cast<float*>(smem + C::ALPHA_OFF)[red_row] = step.alpha;
+}
+
+// o += P · V over one staged tile for the 16-row tiles from row0 and the value dims from dim0
+// (NT 8-dim tiles), after rescaling those rows by their alpha. Once the running maxima settle
+// (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
+template <class C, int MT, int NT>
+__device__ __forceinline__ void rescale_and_pv(float (&o)[MT][NT][4], const char* smem, const char* kt, int row0,
+                                               int dim0, int lane) {
+    const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF);
+    const int g = lane / 4;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const float a_lo = alpha_smem[row0 + mt * 16 + g], a_hi = alpha_smem[row0 + mt * 16 + g + 8];
+        if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            o[mt][n][0] *= a_lo; o[mt][n][1] *= a_lo;
+            o[mt][n][2] *= a_hi; o[mt][n][3] *= a_hi;
+        }
+    }
+    const char* p_smem = smem + C::P_OFF;
+    constexpr int STEPS = C::V_BLOCK / C::K_STEP;  // MMA k-steps per key block
+#pragma unroll
+    for (int key0 = 0; key0 < C::BN; key0 += C::V_BLOCK) {
+        unsigned pf[MT][STEPS][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s)
+                ldmatrix_x4(pf[mt][s], p_smem + (row0 + mt * 16 + (lane % 16)) * C::P_STRIDE +
+                                           (key0 / C::K_STEP + s) * 32 + (lane / 16) * 16);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            unsigned vb[STEPS][2][2];
+            value_fragments<C>(vb, kt, key0, dim0 + np * 16, lane);
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int s = 0; s < STEPS; ++s) {
+                    mma<C>(o[mt][2 * np], pf[mt][s], vb[s][0][0], vb[s][0][1]);
+                    mma<C>(o[mt][2 * np + 1], pf[mt][s], vb[s][1][0], vb[s][1][1]);
+                }
+        }
+    }
+}
+
+// Each row's reducers sum their shares of the running sum; one of them writes the row's lse and
+// 1/l (times out_scale) for store_o.
+template <class C, class State>
+__device__ __forceinline__ void finish_rows(const State& st, float out_scale, float* inv_l_smem, float* __restrict__ part_lse,
+                                            int red_row) {
+    float row_sum = st.row_sum;
+#pragma unroll
+    for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
+    if (threadIdx.x % C::RED_THREADS == 0) {
+        inv_l_smem[red_row] = row_inv_l(row_sum, out_scale);
+        part_lse[red_row] = row_lse(st.row_max, row_sum);
+    }
+}
+
+// Write the normalized accumulator of the 16-row tiles from row0 and value dims from dim0 to part_o[BM][DV].
+template <class C, int MT, int NT>
+__device__ __forceinline__ void store_o(const float (&acc)[MT][NT][4], const float* inv_l_smem, float* __restrict__ part_o,
+                                        int row0, int dim0, int g, int q4) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int r = row0 + mt * 16 + g;
+        const float il_lo = inv_l_smem[r], il_hi = inv_l_smem[r + 8];
+        float* lo = part_o + r * C::DV;
+        float* hi = part_o + (r + 8) * C::DV;
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+            const float* e = acc[mt][2 * np];
+            const float* o = acc[mt][2 * np + 1];
+            const int d = dim0 + np * 16;
+            if constexpr (C::KV_FP8) {  // even/odd dim tiles (value_fragments): this lane holds dims d + 4q .. +3
+                *reinterpret_cast<float4*>(lo + d + 4 * q4) = make_float4(e[0] * il_lo, o[0] * il_lo, e[1] * il_lo, o[1] * il_lo);
+                *reinterpret_cast<float4*>(hi + d + 4 * q4) = make_float4(e[2] * il_hi, o[2] * il_hi, e[3] * il_hi, o[3] * il_hi);
+            } else {  // two 8-dim tiles: this lane holds dims d + 2q, +1 and d + 8 + 2q, +1
+                *reinterpret_cast<float2*>(lo + d + 2 * q4) = make_float2(e[0] * il_lo, e[1] * il_lo);
+                *reinterpret_cast<float2*>(hi + d + 2 * q4) = make_float2(e[2] * il_hi, e[3] * il_hi);
+                *reinterpret_cast<float2*>(lo + d + 8 + 2 * q4) = make_float2(o[0] * il_lo, o[1] * il_lo);
+                *reinterpret_cast<float2*>(hi + d + 8 + 2 * q4) = make_float2(o[2] * il_hi, o[3] * il_hi);
+            }
+        }
+    }
+}
+
+}  // namespace kgen
