@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine (no network), from the repository root, with .whl_peers/ carried
-# (bench/peer_wheels.sh fills it here): install FlashInfer and FlashMLA into /tmp/site, then run
+# (bench/peer_wheels.sh fills it here; PEER_WHEELS=DIR if it lies elsewhere, e.g. a job folder's
+# ../../.whl_peers): install FlashInfer and FlashMLA into /tmp/site, then run
 # the benchmark against them (bench/peers.py: same inputs, same CUDA-graph timing) for the GPU's
 # own plan and for the sm_120 plan, page size 1 (permuted slots) and 64: the quick grid plus
 # issue 19's table (--shapes issue19). SGLang's Triton baseline runs at page size 1 only (it is
 # the slowest call here by far). Results (JSON + PNG per run, one tarball) and the log go to $OUT.
 #   bash bench/gpu_peers.sh            # ~4-6 min: 4 runs of 15 shapes
-#   bash bench/gpu_peers.sh --short    # ~2 min: 5 shapes, no Triton
+#   bash bench/gpu_peers.sh --short    # ~3 min: 5 shapes, no Triton
 # Extra arguments after the flag go to every python -m bench.run (e.g. --peers all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,16 +18,19 @@ LOG="$OUT/gpu_peers.log"
 SHORT=0
 if [ "${1:-}" = "--short" ]; then SHORT=1; shift; fi
 
+WHEELS="${PEER_WHEELS:-.whl_peers}"
+ls "$WHEELS"/*.whl > /dev/null || { echo "no wheels in $WHEELS: run bench/peer_wheels.sh where pip has network" | tee "$LOG"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl_peers/*.whl 2>&1 | tee "$LOG" || exit 1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1 KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-/tmp/kgen_cache}" \
-    FLASHINFER_WORKSPACE_BASE=/tmp MAX_JOBS="${MAX_JOBS:-16}"
+    "$WHEELS"/*.whl 2>&1 | tee "$LOG" || exit 1
+# keep what the caller put on PYTHONPATH (e.g. pydantic installed elsewhere)
+export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+    KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-/tmp/kgen_cache}" FLASHINFER_WORKSPACE_BASE=/tmp MAX_JOBS="${MAX_JOBS:-16}"
 python3 -c "import importlib.metadata as m, torch; print(torch.cuda.get_device_name(), *(f'{d} {m.version(d)}' for d in
 ('torch', 'triton', 'flashinfer-python', 'apache-tvm-ffi', 'sgl-flash-mla')))" 2>&1 | tee -a "$LOG"
 command -v nvcc >/dev/null && nvcc --version | tail -1 | tee -a "$LOG"
 
 if [ "$SHORT" = 1 ]; then
-    GRID=(--shapes 1x131072x16x8,8x32768x64x8,1x131072x1x8,16x32768x33x16,1x4096x16x8 --no-triton) LIMIT=50
+    GRID=(--shapes 1x131072x16x8,8x32768x64x8,1x131072x1x8,16x32768x33x16,1x4096x16x8 --no-triton) LIMIT=60
 else
     GRID=(--quick --shapes issue19) LIMIT=95
 fi
