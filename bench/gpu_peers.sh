@@ -29,6 +29,9 @@ python3 -c "import importlib.metadata as m, torch; print(torch.cuda.get_device_n
 ('torch', 'triton', 'flashinfer-python', 'apache-tvm-ffi', 'sgl-flash-mla')))" 2>&1 | tee -a "$LOG"
 command -v nvcc >/dev/null && nvcc --version | tail -1 | tee -a "$LOG"
 
+# the peers against the reference first (also builds FlashInfer's two MLA modules, cached for the runs)
+timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_peers_gpu.py 2>&1 | tee -a "$LOG"
+
 if [ "$SHORT" = 1 ]; then
     GRID=(--shapes 1x131072x16x8,8x32768x64x8,1x131072x1x8,16x32768x33x16,1x4096x16x8 --no-triton) LIMIT=60
 else

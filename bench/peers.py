@@ -224,3 +224,108 @@ def _flashmla(x, kv: ChainKV):
         return o.view(total, heads, dv)
 
     return call
+
+
+# ---- FlashMLA's sparse decode (DSA; for bench/sparse.py) ---------------------------------------
+
+DSA_ROW_BYTES = 656  # 512 e4m3 latent | 4 fp32 scales (scale k: latent dims 128k..128k+127) | 64 bf16 rope
+DSA_PAGE = 64
+SPARSE_HEADS = (64, 128)  # FlashMLA's sparse kernels: SGLang pads fewer heads per rank up to these
+
+
+def sparse_decode(q: torch.Tensor, kv_cache: torch.Tensor, topk_indices: torch.Tensor, *, scale: float,
+                  value_dim: int = 512) -> Callable[[], torch.Tensor]:
+    """FlashMLA's sparse decode as SGLang's DSA backend runs it on Hopper (`_forward_flashmla_kv`):
+    every query token its own row (q [sum T, 1, H', 576]), its top-k list as `indices`, the pool's
+    656-byte fp8 rows in pages of 64, heads zero-padded to H' = 64 (or 128). q [sum T, H, 576] bf16,
+    kv_cache uint8 [slots, 656] (or [slots, 1, 656]), topk_indices int32 [sum T, K] of physical
+    slots, -1 = no key; K a multiple of 64. Returns a call (the padded q and the split-KV schedule
+    made here, outside any timing; the schedule is filled by the first call) giving o
+    [sum T, H, value_dim]. The tree tokens are whatever the lists name: kgen's sparse verify adds
+    the masked tree on top, so this peer does slightly less work."""
+    flash_mla = _import("flashmla")[1]
+    total, heads, dim = q.shape
+    padded = next((h for h in SPARSE_HEADS if heads <= h), None)
+    if padded is None:
+        raise PeerError(f"FlashMLA's sparse decode takes at most {SPARSE_HEADS[-1]} heads (got {heads})")
+    if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != DSA_ROW_BYTES:
+        raise PeerError(f"FlashMLA's sparse decode reads {DSA_ROW_BYTES}-byte uint8 rows (got {kv_cache.dtype} "
+                        f"{tuple(kv_cache.shape)})")
+    slots = kv_cache.numel() // DSA_ROW_BYTES
+    if slots % DSA_PAGE:
+        raise PeerError(f"the pool's {slots} slots are not whole pages of {DSA_PAGE}")
+    width = topk_indices.shape[-1]
+    if width % 64:
+        raise PeerError(f"FlashMLA's sparse decode takes top-k widths that are multiples of 64 (got {width})")
+    q_in = q.new_zeros(total, 1, padded, dim)
+    q_in[:, 0, :heads] = q
+    cache = kv_cache.view(slots // DSA_PAGE, DSA_PAGE, 1, DSA_ROW_BYTES)
+    indices = topk_indices.to(torch.int32).view(total, 1, width)
+    lens = (topk_indices >= 0).sum(-1).to(torch.int32)  # ignored by the decode kernel; SGLang passes it
+    table = torch.empty(total, 0, dtype=torch.int32, device=q.device)  # unused on the sparse path
+    meta = flash_mla.get_mla_metadata()[0]
+
+    def call():
+        o, _ = flash_mla.flash_mla_with_kvcache(q_in, cache, table, lens, value_dim, meta, softmax_scale=scale,
+                                                indices=indices, is_fp8_kvcache=True, use_legacy=True,
+                                                kv_format="V32")
+        return o[:, 0, :heads]
+
+    return call
+
+
+def dequantize_dsa_rows(rows: torch.Tensor) -> torch.Tensor:
+    """656-byte rows (uint8 [N, 656]) -> float64 [N, 576]: latent dim d = e4m3 byte d x fp32 scale
+    d // 128, then the 64 bf16 rope values."""
+    rows = rows.reshape(rows.shape[0], DSA_ROW_BYTES)
+    n = rows.shape[0]
+    latent = rows[:, :512].contiguous().view(torch.float8_e4m3fn).double().view(n, 4, 128)
+    scales = rows[:, 512:528].contiguous().view(torch.float32).double()
+    rope = rows[:, 528:].contiguous().view(torch.bfloat16).double()
+    return torch.cat([(latent * scales.unsqueeze(-1)).view(n, 512), rope], dim=1)
+
+
+def random_dsa_rows(n: int, *, generator: torch.Generator, device) -> torch.Tensor:
+    """n random 656-byte rows: unit-normal latent values stored as e4m3 with a per-block scale in
+    [1/4, 4] (so values are about unit size again), unit-normal bf16 rope."""
+    latent = torch.randn(n, 4, 128, generator=generator, device=device).to(torch.float8_e4m3fn)
+    scales = 4.0 ** (2 * torch.rand(n, 4, generator=generator, device=device) - 1)
+    rope = torch.randn(n, 64, generator=generator, device=device).to(torch.bfloat16)
+    return torch.cat([latent.view(torch.uint8).view(n, 512), scales.float().view(torch.uint8).view(n, 16),
+                      rope.view(torch.uint8).view(n, 128)], dim=1)
+
+
+def sparse_reference(q: torch.Tensor, kv_cache: torch.Tensor, topk_indices: torch.Tensor, *, scale: float,
+                     value_dim: int = 512) -> torch.Tensor:
+    """float64 o [sum T, H, value_dim] of sparse_decode's semantics: token i attends to the
+    dequantized rows its list names (-1 skipped); a list with no key gives o = 0."""
+    from kgen.reference import attend
+
+    keys = dequantize_dsa_rows(kv_cache)
+    o = torch.zeros(*q.shape[:2], value_dim, dtype=torch.float64, device=q.device)
+    for i in range(q.shape[0]):
+        listed = topk_indices[i][topk_indices[i] >= 0].long()
+        if listed.numel():
+            visible = torch.ones(1, listed.numel(), dtype=torch.bool, device=q.device)
+            o[i:i + 1], _ = attend(q[i:i + 1], keys[listed], visible, scale, value_dim)
+    return o
+
+
+def sparse_check(device, *, heads: int = 8, tokens: int = 16, width: int = 2048, pages: int = 96,
+                 seed: int = 0) -> dict:
+    """sparse_decode against sparse_reference on random rows and lists (distinct slots per list,
+    -1 tails of random length, one all -1 list): relative L2 of o and the largest per-row error."""
+    g = torch.Generator(device).manual_seed(seed)
+    pool = random_dsa_rows(pages * DSA_PAGE, generator=g, device=device)
+    q = torch.randn(tokens, heads, 576, generator=g, device=device).to(torch.bfloat16)
+    lists = torch.stack([torch.randperm(pages * DSA_PAGE, generator=g, device=device)[:width]
+                         for _ in range(tokens)]).to(torch.int32)
+    keep = torch.randint(width // 2, width + 1, (tokens, 1), generator=g, device=device)
+    lists[torch.arange(width, device=device) >= keep] = -1
+    lists[-1] = -1
+    scale = 576 ** -0.5
+    o = sparse_decode(q, pool, lists, scale=scale)().double()
+    ref = sparse_reference(q, pool, lists, scale=scale)
+    diff, norm = torch.linalg.vector_norm(o - ref, dim=-1)[:-1], torch.linalg.vector_norm(ref, dim=-1)[:-1]
+    return dict(heads=heads, tokens=tokens, width=width, rel_l2=(diff.norm() / norm.norm()).item(),
+                worst_row=(diff / norm).max().item(), empty_row_max=o[-1].abs().max().item())

@@ -203,8 +203,9 @@ PEER_TOL = 1e-2  # a peer's o against the float64 reference on a chain (bf16 out
 
 def peer_check(mod, names, spec, page_size: int, device, workspace) -> dict:
     """kgen and each peer against the float64 reference on one small chain-tree shape (a causal
-    mask: what the peers compute), so their times compare equal work. Per peer: relative L2 of o
-    against the reference and against kgen, and ok (<= PEER_TOL), or the error it raised."""
+    mask: what the peers compute), so their times compare equal work, and the peers on decode rows
+    of the same prefixes (T = 1, the prefix alone). Per peer: relative L2 of o against the
+    reference (verify, decode) and against kgen, and ok (both <= PEER_TOL), or the error it raised."""
     from kgen.testing import make_verify_inputs
 
     from .peers import chain_kv, prepare
@@ -212,23 +213,27 @@ def peer_check(mod, names, spec, page_size: int, device, workspace) -> dict:
     trees, lens = CHECK_SHAPE
     x = make_verify_inputs(spec, trees, lens, page_size=page_size, tree_kind="chain", device=device,
                            num_pages=pool_pages(lens, trees, page_size, True))
+    d = make_verify_inputs(spec, [1] * len(lens), lens, page_size=page_size, device=device)
     o, lse = x.outputs()
     mod.verify_attention(*x.verify_args(), **x.kv_kwargs, out=o, lse=lse)
     ro, _ = x.verify_ref()
+    rd, _ = d.prefix_ref()
     res = dict(H=spec.model.num_q_heads, T=trees, L=lens, page_size=page_size, tree="chain",
                kgen_vs_ref=rel_l2(o, ro), peers={})
-    kv = chain_kv(x)
+    kv, kv_decode = chain_kv(x), chain_kv(d, with_tree=False)
     for name in names:
         try:
             po = prepare(name, x, kv, workspace)()
+            pd = prepare(name, d, kv_decode, workspace)()
             torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - a peer that fails is skipped, not the benchmark
             if _sticky(e):
                 raise
             res["peers"][name] = dict(ok=False, error=_first_line(e))
             continue
-        err = rel_l2(po, ro)
-        res["peers"][name] = dict(vs_ref=err, vs_kgen=rel_l2(po, o), ok=err <= PEER_TOL)
+        err, err_decode = rel_l2(po, ro), rel_l2(pd, rd)
+        res["peers"][name] = dict(vs_ref=err, vs_ref_decode=err_decode, vs_kgen=rel_l2(po, o),
+                                  ok=max(err, err_decode) <= PEER_TOL)
     return res
 
 
@@ -503,12 +508,14 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
             for name, c in pcheck["peers"].items():
                 label = peer_mod.LABELS[name]
                 if not c["ok"]:
-                    why = c.get("error") or f"o rel L2 {c['vs_ref']:.2e} against the reference (> {PEER_TOL:g})"
+                    why = c.get("error") or (f"o rel L2 {c['vs_ref']:.2e} (verify), {c['vs_ref_decode']:.2e} (decode) "
+                                             f"against the reference (> {PEER_TOL:g})")
                     result["peers"][name]["skipped"] = f"failed its check at H={h}: {why}"
                     console.print(f"[red]{label} not timed[/red]: {result['peers'][name]['skipped']}", highlight=False)
                     active.remove(name)
                 else:
-                    parts.append(f"{label} {c['vs_ref']:.2e} (vs kgen {c['vs_kgen']:.2e})")
+                    parts.append(f"{label} {c['vs_ref']:.2e} (decode {c['vs_ref_decode']:.2e}; vs kgen "
+                                 f"{c['vs_kgen']:.2e})")
             console.print(f"peer check H={h} T={pcheck['T']} L={pcheck['L']} P={page}, chain tree: o rel L2 vs float64 "
                           f"ref: kgen {pcheck['kgen_vs_ref']:.2e}, {', '.join(parts) or 'no peer passed'}",
                           highlight=False)
