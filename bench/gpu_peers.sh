@@ -6,7 +6,7 @@
 # own plan and for the sm_120 plan, page size 1 (permuted slots) and 64: the quick grid plus
 # issue 19's table (--shapes issue19). SGLang's Triton baseline runs at page size 1 only (it is
 # the slowest call here by far). Results (JSON + PNG per run, one tarball) and the log go to $OUT.
-#   bash bench/gpu_peers.sh            # ~4-6 min: 4 runs of 15 shapes
+#   bash bench/gpu_peers.sh            # ~6 min: GPU tests of the peers, then 4 runs of 15 shapes
 #   bash bench/gpu_peers.sh --short    # ~3 min: 5 shapes, no Triton
 # Extra arguments after the flag go to every python -m bench.run (e.g. --peers all).
 set -uo pipefail
@@ -35,7 +35,7 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_peers_gpu.py
 if [ "$SHORT" = 1 ]; then
     GRID=(--shapes 1x131072x16x8,8x32768x64x8,1x131072x1x8,16x32768x33x16,1x4096x16x8 --no-triton) LIMIT=60
 else
-    GRID=(--quick --shapes issue19) LIMIT=95
+    GRID=(--quick --shapes issue19) LIMIT=80
 fi
 bench() {  # plan (empty: the GPU's own), page size, extra args
     local plan=() triton=()
