@@ -8,7 +8,8 @@
 # the slowest call here by far). Results (JSON + PNG per run, one tarball) and the log go to $OUT.
 #   bash bench/gpu_peers.sh            # ~6 min: GPU tests of the peers, then 4 runs of 15 shapes
 #   bash bench/gpu_peers.sh --short    # ~3 min: 5 shapes, no Triton
-# Extra arguments after the flag go to every python -m bench.run (e.g. --peers all).
+# Every run times all peers the GPU can run (--peers all: FlashInfer fa3 and fa2, FlashMLA at page
+# size 64); extra arguments after the flag go to every python -m bench.run (e.g. --peers auto).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/kgen_peers_out}"
@@ -44,7 +45,8 @@ bench() {  # plan (empty: the GPU's own), page size, extra args
     echo "=== plan ${1:-own}, page size $2 ===" | tee -a "$LOG"
     # each run starts no new shape after LIMIT s and is killed at LIMIT + 40 s: 4 runs fit one 10-minute call
     timeout $((LIMIT + 40)) python3 -m bench.run --spec specs/glm5_sm120.yaml "${GRID[@]}" --page-size "$2" \
-        "${plan[@]}" "${triton[@]}" --no-halves --time-limit "$LIMIT" --out "$RES" "${@:3}" 2>&1 | tee -a "$LOG"
+        "${plan[@]}" "${triton[@]}" --peers all --no-halves --time-limit "$LIMIT" --out "$RES" "${@:3}" 2>&1 \
+        | tee -a "$LOG"
     tar -czf "$OUT/peers_results.tar.gz" -C "$RES" .  # after every run: a cut-short job keeps what it measured
 }
 bench "" 1 "$@"
