@@ -151,3 +151,26 @@ def test_sparse_reference_attends_to_the_listed_rows_only(seed):
             continue
         logits = 0.04 * q[i].double() @ keys[listed].T
         torch.testing.assert_close(o[i], torch.softmax(logits, -1) @ keys[listed, :512])
+
+
+def test_table_has_a_column_per_peer_timed():
+    from rich.console import Console
+
+    row = dict(mode="verify", H=8, T=16, L=131072, B=1, page_size=64, sets=2, us=100.0, us_prefix=None, us_tree=None,
+               us_triton=None, us_flashinfer_fa3=93.3, us_flashinfer_fa2=None, us_flashmla=79.4, kv_tbps=1.5,
+               tflops=300.0, floor_us=56.0, bound="compute", pct_floor=56.0, pct_floor_gemm=47.0,
+               speedup_vs_triton=None, speedup_vs_flashinfer=0.933, speedup_vs_flashmla=0.794, notes=[])
+
+    def text(peer_names):
+        console = Console(width=400, record=True)
+        console.print(bench_run.table([row], "t", peer_names))
+        return console.export_text()
+
+    both = text(("flashinfer_fa3", "flashmla"))
+    for header in ("FlashInfer fa3 µs", "FlashMLA µs", "× FlashInfer", "× FlashMLA", "% GEMM floor"):
+        assert header in both
+    assert "93.3" in both and "0.79" in both
+    none = text(())
+    assert "FlashInfer" not in none and "FlashMLA" not in none and "% GEMM floor" in none
+    line = bench_run._progress(row, ("flashinfer_fa3", "flashmla"))
+    assert "FlashInfer fa3 93.3" in line and "× FlashMLA 0.79" in line and "47.0% of GEMM floor" in line
