@@ -7,7 +7,8 @@
 # issue 19's table (--shapes issue19). SGLang's Triton baseline runs at page size 1 only (it is
 # the slowest call here by far). Results (JSON + PNG per run, one tarball) and the log go to $OUT.
 #   bash bench/gpu_peers.sh            # ~6 min: GPU tests of the peers, then 4 runs of 15 shapes
-#   bash bench/gpu_peers.sh --short    # ~3 min: 5 shapes, no Triton
+#   bash bench/gpu_peers.sh --short    # ~2.5 min: the sparse peer's test, then 5 shapes without Triton
+#                                      # for the GPU's own plan at page 64 and the sm_120 plan at page 1
 # Every run times all peers the GPU can run (--peers all: FlashInfer fa3 and fa2, FlashMLA at page
 # size 64); extra arguments after the flag go to every python -m bench.run (e.g. --peers auto).
 set -uo pipefail
@@ -30,11 +31,14 @@ python3 -c "import importlib.metadata as m, torch; print(torch.cuda.get_device_n
 ('torch', 'triton', 'flashinfer-python', 'apache-tvm-ffi', 'sgl-flash-mla')))" 2>&1 | tee -a "$LOG"
 command -v nvcc >/dev/null && nvcc --version | tail -1 | tee -a "$LOG"
 
-# the peers against the reference first (also builds FlashInfer's two MLA modules, cached for the runs)
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/test_peers_gpu.py 2>&1 | tee -a "$LOG"
+# the peers against the reference first (also builds FlashInfer's two MLA modules, cached for the runs;
+# --short: the sparse peer alone, the bench checks the dense ones before timing them)
+TESTS=(tests/test_peers_gpu.py)
+[ "$SHORT" = 1 ] && TESTS+=(-k sparse)
+timeout 240 python3 -m pytest -q -p no:cacheprovider -rs "${TESTS[@]}" 2>&1 | tee -a "$LOG"
 
 if [ "$SHORT" = 1 ]; then
-    GRID=(--shapes 1x131072x16x8,8x32768x64x8,1x131072x1x8,16x32768x33x16,1x4096x16x8 --no-triton) LIMIT=60
+    GRID=(--shapes 1x131072x16x8,8x32768x64x8,1x131072x1x8,16x32768x33x16,1x4096x16x8 --no-triton) LIMIT=70
 else
     GRID=(--quick --shapes issue19) LIMIT=80
 fi
@@ -49,8 +53,13 @@ bench() {  # plan (empty: the GPU's own), page size, extra args
         | tee -a "$LOG"
     tar -czf "$OUT/peers_results.tar.gz" -C "$RES" .  # after every run: a cut-short job keeps what it measured
 }
-bench "" 1 "$@"
-bench "" 64 "$@"
-bench sm_120 1 "$@"
-bench sm_120 64 "$@"
+if [ "$SHORT" = 1 ]; then
+    bench "" 64 "$@"
+    bench sm_120 1 "$@"
+else
+    bench "" 1 "$@"
+    bench "" 64 "$@"
+    bench sm_120 1 "$@"
+    bench sm_120 64 "$@"
+fi
 ls -la "$RES" | tee -a "$LOG"
