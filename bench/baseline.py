@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import os
 import sys
 import tempfile
 import types
@@ -41,6 +40,8 @@ import zipfile
 from pathlib import Path
 
 import torch
+
+from kgen import env
 
 ENV = "KGEN_SGLANG_EXTEND_ATTENTION"
 REL_PATHS = (
@@ -161,11 +162,11 @@ def _load_file(path: Path):
 
 def load_extend_attention():
     """(extend_attention_fwd, the file it came from)."""
-    env = os.environ.get(ENV)
-    if env:
-        path = _from_path(Path(env))
+    env_path = env.path(ENV)
+    if env_path:
+        path = _from_path(env_path)
         if path is None:
-            raise BaselineError(f"{ENV}={env}: no extend_attention.py there (a file, a folder or an sglang wheel)")
+            raise BaselineError(f"{ENV}={env_path}: no extend_attention.py there (a file, a folder or an sglang wheel)")
     else:
         path = _installed_file() or _from_path(REPO / ".sglang_extend") or _from_path(REPO / ".sglang_whl")
         if path is None:

@@ -79,7 +79,7 @@ def emulated(mode: str, x, tree_only: bool):
 
 def measure(emulate: bool) -> list[dict]:
     import kgen
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     device = "cpu" if emulate else "cuda"
     gen = torch.Generator(device).manual_seed(7)

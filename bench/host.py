@@ -70,7 +70,7 @@ def eager_us(call, *, calls: int, rounds: int) -> float:
 
 
 def measure(mod, shape: tuple[int, int, int], *, calls: int, rounds: int, device) -> dict:
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     from kgen.timing import time_rotation
 

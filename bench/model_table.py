@@ -40,8 +40,9 @@ CLASS_OF = {(8, 16, 131072, 1): "compute", (8, 1, 131072, 1): "memory", (8, 16, 
 def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
     """Measured rows: {variant, source, spec, plan_for, tiles, shape, us, ncu?}."""
     import kgen
-    from kgen.model import MODELED_DESIGNS, Shape
-    from kgen.plan import AttentionTiles, plan
+    from kgen.designs import MmaSyncTiles
+    from kgen.model import Shape, modeled
+    from kgen.plan import plan
 
     from .run import spec_for
 
@@ -53,12 +54,12 @@ def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
             if "variant" in r:  # bench.model_validate
                 spec, variant = kgen.load_spec(ROOT / r["spec_path"]), r["variant"]
                 # plan_for None: the GPU's own plan, and the rows are measured on the H200
-                plan_for, tiles = r["plan_for"] or "sm_90", AttentionTiles(*r["tiles"]) if r["tiles"] else None
+                plan_for, tiles = r["plan_for"] or "sm_90", MmaSyncTiles(*r["tiles"]) if r["tiles"] else None
             else:  # bench.run: the spec's sm_120 plan over the grid
                 base = kgen.load_spec(specs.get(data["spec"], ROOT / data["spec_path"]))
                 spec, variant, plan_for, tiles = spec_for(base, r["H"], r["T"], r["page_size"]), \
                     f"{base.name} grid", None, None
-            if plan(spec, plan_for, tiles).tiles.design not in MODELED_DESIGNS:
+            if not modeled(plan(spec, plan_for, tiles).tiles):
                 continue  # measured, but no model of that loop yet (the wgmma loop)
             rows.append({"variant": variant, "source": path.name, "spec": spec, "plan_for": plan_for,
                          "tiles": tiles, "shape": shape, "us": r["us"], "ncu": r.get("ncu")})

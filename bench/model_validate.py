@@ -71,14 +71,14 @@ MAX_SET_BYTES = 6 << 30  # input sets per shape: several L2 sizes of KV, within 
 
 def module(variant: str):
     import kgen
-    from kgen.plan import AttentionTiles
+    from kgen.designs import MmaSyncTiles
 
     path, plan_for, tiles = VARIANTS[variant]
-    return kgen.jit(kgen.load_spec(ROOT / path), arch=plan_for, tiles=AttentionTiles(*tiles) if tiles else None)
+    return kgen.jit(kgen.load_spec(ROOT / path), arch=plan_for, tiles=MmaSyncTiles(*tiles) if tiles else None)
 
 
 def inputs(mod, shape: tuple[int, int, int, int], sets: int, gen):
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     _, t, length, b = shape
     return [make_verify_inputs(mod.spec, [t] * b, [length] * b, generator=gen, device="cuda") for _ in range(sets)]
@@ -91,7 +91,8 @@ def one_call(mod, x, decode: bool):
 
 
 def check(mod, gen) -> None:
-    from kgen.testing import assert_close_attention, make_verify_inputs, tolerances
+    from kgen.inputs import make_verify_inputs
+    from kgen.accuracy import assert_close_attention, tolerances
 
     x = make_verify_inputs(mod.spec, [7, 16], [300, 77], generator=gen, device="cuda")
     assert_close_attention(*mod.verify_attention(*x.verify_args(), **x.kv_kwargs), *x.verify_ref(),
@@ -105,9 +106,9 @@ def time_shape(mod, shape, gen) -> tuple[float, int]:
 
     h, t, length, b = shape
     assert h == mod.spec.model.num_q_heads, (h, mod.spec.name)
-    from kgen.plan import KV_BYTES
+    from kgen import kvrows
 
-    kv = b * length * mod.spec.model.head_dim * KV_BYTES[mod.spec.cache.kv_dtype]
+    kv = b * length * kvrows.row_bytes(mod.spec)
     sets = int(max(2, min(16, math.ceil(4 * L2_BYTES / kv), MAX_SET_BYTES // max(kv, 1))))
     xs = inputs(mod, shape, sets, gen)
     us = time_rotation([one_call(mod, x, t == 1) for x in xs])

@@ -9,7 +9,7 @@ import argparse
 import torch
 
 import kgen
-from kgen.testing import make_verify_inputs
+from kgen.inputs import make_verify_inputs
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--spec", default="specs/glm5_sm120.yaml")

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from kgen.plan import KV_BYTES
+from kgen import kvrows
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HEADS = (8, 16)
@@ -114,7 +114,7 @@ def spec_for(base, heads: int, tree: int, page_size: int):
 def work(shape: Shape, spec) -> tuple[int, int]:
     """(KV bytes read once, FLOPs) of one call."""
     m = spec.model
-    row = m.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    row = kvrows.row_bytes(spec)
     keys = shape.L if shape.decode else shape.L + shape.T
     return shape.B * keys * row, 2 * shape.B * shape.T * shape.H * keys * (m.head_dim + m.value_dim)
 
@@ -130,7 +130,7 @@ def pool_pages(prefix_lens: list[int], tree_sizes: list[int], page_size: int, pe
 def set_bytes(shape: Shape, spec, triton: bool) -> tuple[int, int]:
     """(bytes of one input set with its outputs and Triton's extra inputs, KV bytes a call reads)."""
     m = spec.model
-    row = m.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    row = kvrows.row_bytes(spec)
     pages = math.ceil(shape.L / shape.P) * shape.B
     pool = (pages + max(2, pages // 4)) * shape.P * row
     tokens = shape.B * shape.T
@@ -169,7 +169,8 @@ def lse_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def cross_check(mod, fwd, spec, page_size: int, device) -> dict:
     """kgen verify vs Triton (and both vs the float64 reference) on one small ragged shape."""
-    from kgen.testing import make_verify_inputs, tolerances
+    from kgen.inputs import make_verify_inputs
+    from kgen.accuracy import tolerances
 
     from .baseline import TritonVerify
 
@@ -206,7 +207,7 @@ def peer_check(mod, names, spec, page_size: int, device, workspace) -> dict:
     mask: what the peers compute), so their times compare equal work, and the peers on decode rows
     of the same prefixes (T = 1, the prefix alone). Per peer: relative L2 of o against the
     reference (verify, decode) and against kgen, and ok (both <= PEER_TOL), or the error it raised."""
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     from .peers import chain_kv, prepare
 
@@ -248,7 +249,7 @@ def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: 
                   halves: bool = True) -> dict:
     """One row: kgen's three ops (verify alone without `halves`), Triton and `peers` on K rotated
     input sets of `shape`; "x FlashInfer" compares with peer `flashinfer`."""
-    from kgen.testing import make_verify_inputs
+    from kgen.inputs import make_verify_inputs
 
     from .baseline import TritonVerify
     from .peers import LABELS, PEERS, chain_kv, prepare

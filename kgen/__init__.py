@@ -1,8 +1,7 @@
 """kgen: generated CUDA kernels for MLA speculative-decoding tree verification."""
 
-__version__ = "0.1.0"
-
-from .spec import Spec, load_spec  # noqa: E402
+from .spec import Spec, load_spec
+from .version import __version__
 
 
 def jit(spec, *, device=None, tiles=None, arch=None):

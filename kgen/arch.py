@@ -92,6 +92,17 @@ ARCHS: dict[str, Arch] = {
 }
 
 
+@dataclass(frozen=True)
+class Target:
+    """What a module is for, resolved once: the arch whose plan it runs (budgets, loop designs),
+    the arch its cubins are compiled for (the GPU present), and that GPU's SM count (the grids).
+    The sm_120 plan runs on an H200 as Target(plan_arch=sm_120, cubin_arch=sm_90, sm_count=132)."""
+
+    plan_arch: Arch
+    cubin_arch: Arch
+    sm_count: int
+
+
 def nvrtc_arch(arch: str, requires: tuple[str, ...] = ()) -> str:
     """NVRTC's --gpu-architecture for code compiled for `arch` that uses the features `requires`:
     wgmma and setmaxnreg exist only in the arch-specific sm_90a target."""

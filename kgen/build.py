@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from . import nvrtc, sass
@@ -12,9 +11,9 @@ from .cache import Entry, KernelCache, cache_key
 from .arch import nvrtc_arch
 from .errors import CompileError
 from .occupancy import Occupancy, occupancy
-from .plan import Plan, Variant
-from .render import headers, render
-
+from .plan import Plan
+from .render import included_headers, render
+from .variant import Variant
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool
     """Compile (or load) one variant for `arch`; `inspect` also counts its SASS."""
     start = time.perf_counter()
     source = render(variant)
-    hdrs = headers()
+    hdrs = included_headers(source)
     target = nvrtc_arch(arch, variant.requires)
     key = cache_key(source=source, headers=hdrs, nvrtc_version=nvrtc.nvrtc_version(),
                     options=nvrtc.options(target), arch=target)
@@ -128,7 +127,3 @@ def build(plan: Plan, archs: list[str], cache: KernelCache | None = None,
             if on_done:
                 on_done(b)
     return built
-
-
-def repo_generated_dir() -> Path:
-    return Path.cwd() / "generated"

@@ -20,19 +20,11 @@ from typing import Callable
 
 from filelock import FileLock
 
-from . import __version__
+from . import env
+from .version import __version__
 from .errors import CacheMissError
 
 SCHEMA_VERSION = 1
-
-
-def env_flag(name: str) -> bool:
-    """A KGEN_* switch: unset, empty, 0, false and no (any case) are off; anything else is on."""
-    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KGEN_CACHE_DIR") or Path.home() / ".cache" / "kgen").expanduser()
 
 
 def cache_key(*, source: str, headers: dict[str, str], nvrtc_version: str, options: list[str], arch: str) -> str:
@@ -55,7 +47,7 @@ class Entry:
 
 class KernelCache:
     def __init__(self, root: Path | None = None):
-        self.root = Path(root) if root is not None else cache_root()
+        self.root = Path(root) if root is not None else env.cache_root()
         self.entries = self.root / f"v{SCHEMA_VERSION}"
 
     def entry_dir(self, key: str) -> Path:
@@ -82,10 +74,10 @@ class KernelCache:
 
     def get_or_build(self, key: str, build: Callable[[], tuple[bytes, str, dict]]) -> tuple[Entry, str]:
         """(entry, "cached" | "compiled"). `build` returns (cubin, source, extra meta)."""
-        always = env_flag("KGEN_ALWAYS_COMPILE")
+        always = env.flag("KGEN_ALWAYS_COMPILE")
         if not always and (entry := self.lookup(key)):
             return entry, "cached"
-        if env_flag("KGEN_DISABLE_JIT"):
+        if env.flag("KGEN_DISABLE_JIT"):
             raise CacheMissError(f"kernel {key[:16]} is not in the cache at {self.root} and KGEN_DISABLE_JIT=1")
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)

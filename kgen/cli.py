@@ -10,20 +10,20 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from . import __version__, sass
+from . import report, sass
+from .version import __version__
 from .arch import get_arch
 from .build import build, build_variant
 from .cache import KernelCache
 from .errors import KgenError
-from .model import grid, predict, validation
+from .model import grid, predict
 from .plan import plan
-from .tuning import buckets, find_table, tiles_text
+from .tuning import find_table
 from .render import render, templates_dir, write_generated
 from .spec import load_spec
 
@@ -33,8 +33,6 @@ app.add_typer(cache_app, name="cache")
 console = Console(width=None if sys.stdout.isatty() else 200)  # wide tables keep whole rows in a pipe
 term_console = Console()  # the terminal's width (COLUMNS), 80 when output is not a terminal
 err_console = Console(stderr=True, highlight=False)
-# bench results `kgen show` takes H200 efficiencies from: a wheel ships them inside the package,
-# a checkout has them in bench/results/
 
 
 def _say(kind: str, style: str, message: str) -> None:
@@ -92,29 +90,10 @@ def build_cmd(
     designs = ", ".join(f"{p.arch.name} ({p.tiles.design})" for p in plans)
     title = (f"{spec.name}: {len(rows)} kernels for {designs} in {time.perf_counter() - start:.2f} s, "
              f"sources in {out / spec.name}")
-    (console if wide else term_console).print(_build_table(rows, title, wide))
+    (console if wide else term_console).print(report.build_table(rows, title, wide))
     for b in built:
         for msg in b.problems():
             _say("warning", "yellow", f"{b.variant.name} ({b.arch}): {msg}")
-
-
-def _build_table(rows: list[dict], title: str, wide: bool) -> Table:
-    """The build report: at 80 columns every kernel's name, arch, registers, spills, shared memory,
-    CTAs/SM, cubin size and status; --wide adds the rest of the row."""
-    cols = ["kernel", "arch", *(["variant id"] if wide else []), "regs", "spill", "smem", "CTA/SM",
-            *(["limit", "SASS"] if wide else []), "cubin", "status", *(["s"] if wide else [])]
-    table = Table(title=title, caption="spill, smem, cubin: bytes" + ("" if wide else "; --wide for more"),
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("kernel", "arch", "variant id", "limit", "SASS", "status")
-                         else "right", no_wrap=col not in ("variant id", "SASS"))
-    for r in rows:
-        cells = {"kernel": r["kernel"], "arch": r["arch"], "variant id": r["variant_id"], "regs": r["registers"],
-                 "spill": r["spill_bytes"], "smem": r["smem_bytes"], "CTA/SM": r["occupancy"]["ctas_per_sm"],
-                 "limit": r["limit"], "SASS": sass.summary(r["sass"]), "cubin": r["cubin_bytes"],
-                 "status": r["status"], "s": f"{r['seconds']:.2f}"}
-        table.add_row(*(str(cells[c]) for c in cols))
-    return table
 
 
 @app.command("show")
@@ -142,7 +121,7 @@ def show_cmd(
     console.print(f"attention: {p.tiles.describe()} ({p.tiles.threads} threads)", highlight=False, markup=False)
     console.print(f"shared memory: {p.budget['attention_smem']} B of {a.smem_per_block} B per block "
                   f"({p.budget['attention_smem_headroom']} B headroom)")
-    _print_buckets(table, p)
+    report.print_buckets(console, table, p)
     table = Table()
     for col in ("kernel", "variant id", "threads", "dyn smem B", "min blocks/SM", "regs", "spill B",
                 "CTAs/SM", "limit", "SASS"):
@@ -153,41 +132,7 @@ def show_cmd(
                       str(b.report.registers), str(b.report.spill_bytes), str(occ.ctas_per_sm), occ.limit,
                       sass.summary(b.sass))
     console.print(table)
-    _print_model(modeled)
-
-
-def _print_buckets(table, p) -> None:
-    """Which tiling each shape bucket runs, and why."""
-    if table is None:
-        console.print(f"shape buckets: no tuned table for this spec, {p.arch.name} and kgen {__version__}: every bucket "
-                      f"runs the heuristic plan above (kgen tune writes one)", highlight=False, markup=False)
-        return
-    t = Table(title=f"tiling per shape bucket (tuned table {table.path}, {table.device})")
-    for col in ("bucket (tree/batch/context)", "runs", "µs", "heuristic µs", "noise"):
-        t.add_column(col, justify="left" if col in ("bucket (tree/batch/context)", "runs") else "right")
-    for b in buckets():
-        c = table.choices.get(b.key)
-        if c is None:
-            t.add_row(b.key, f"heuristic ({tiles_text(p.tiles)}): not tuned", "", "", "")
-        else:
-            t.add_row(b.key, tiles_text(c.tiles), f"{c.us:.1f}", f"{c.default_us:.1f}", f"{100 * c.noise:.1f}%")
-    console.print(t)
-
-
-def _print_model(modeled: list) -> None:
-    a = get_arch("sm_120")
-    console.print(f"[bold]MODEL, not a measurement[/bold]: {a.name} time from the SASS of the tile loop and the "
-                  f"arch's rates ({a.sm_count} SMs at {a.clock_ghz} GHz, {a.dram_gbps:.0f} GB/s), per-call terms "
-                  f"fitted on the H200 (kgen/model.py); {validation()}. Floor = max(bytes / {a.dram_gbps:.0f} GB/s, "
-                  f"FLOPs / the MMA rate), FLOPs = 2·ΣT·H·(L+T)·(D+Dv).", highlight=False)
-    table = Table(title=f"modeled {a.name} time (model)")
-    for col in ("H", "T", "L", "B", "page", "MB read", "GFLOP", "floor us", "model us", "% of floor", "binding"):
-        table.add_column(col, justify="left" if col == "binding" else "right")
-    for m in modeled:
-        s, f = m.shape, m.floor
-        table.add_row(str(s.H), str(s.T), str(s.L), str(s.B), str(s.page_size), f"{f.bytes / 1e6:.1f}",
-                      f"{f.flops / 1e9:.1f}", f"{f.us:.1f}", f"{m.us:.1f}", f"{m.pct_floor:.1f}", m.binding)
-    console.print(table)
+    report.print_model(console, modeled)
 
 
 @app.command("inspect")
@@ -308,7 +253,7 @@ def tune_cmd(
 
             here = arch_for_capability(*torch.cuda.get_device_capability()).name
         if arch and arch != here:
-            _rank_by_model(spec, get_arch(arch))
+            report.print_model_ranking(console, spec, get_arch(arch))
             return
         if here is None:
             raise KgenError("kgen tune times on the GPU present, and torch sees none here "
@@ -331,19 +276,5 @@ def tune_cmd(
                   highlight=False, markup=False)
 
 
-def _rank_by_model(spec, a) -> None:
-    """kgen tune --arch for an arch that is not here: the candidates ranked by the model."""
-    from .model import MODELED_DESIGNS, rank_by_model
-    from .tuning import candidates, tiles_text
-
-    tried = [t for t in candidates(spec, a) if t.design in MODELED_DESIGNS]
-    ranked = rank_by_model(spec, a, tried)
-    console.print(f"[bold]MODEL, not a measurement[/bold]: no {a.name} GPU here, so the candidate tilings are "
-                  f"ranked by the performance model (kgen/model.py; {validation()}) over the benchmark grid; "
-                  f"no table is written.", highlight=False)
-    t = Table(title=f"{spec.name} on {a.name} (model)")
-    for col in ("rank", "tiling", "modeled µs (geometric mean over the grid)"):
-        t.add_column(col, justify="left" if col == "tiling" else "right")
-    for i, (tiles, us) in enumerate(ranked, 1):
-        t.add_row(str(i), tiles_text(tiles), f"{us:.1f}")
-    console.print(t)
+if __name__ == "__main__":  # python -m kgen.cli works as python -m kgen does
+    app(prog_name="kgen")

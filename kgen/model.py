@@ -32,14 +32,12 @@ overlap, barrier_cycles, dram_efficiency, startup_us and combine_us are fitted t
 measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they describe the loop design and the
 memory system's efficiency, the rates describe the arch.
 
-A kernel design is one DESIGNS entry: a function (plan, arch) -> TileWork. The current one
-(templates/attention.cuh) reads the SASS of its loop. A design whose MMAs read shared memory
-themselves (wgmma) must add those bytes to smem_wavefronts: its SASS shows no ldmatrix for them.
+A loop design (kgen/designs/) gives its TileWork from the SASS of its tile loop (Design.tile_work);
+the mma.sync loop has one, the wgmma loop none yet.
 """
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
 from collections import Counter
@@ -47,13 +45,17 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from . import sass
+from . import designs, kvrows, sass
 from .arch import Arch, get_arch
 from .build import build_variant
 from .cache import KernelCache
-from .errors import KgenError
-from .plan import DIM_GROUPS, KV_BYTES, MIN_SPLIT_TILES, AttentionTiles, Plan, Variant, ceil_div, plan
+from .designs import Tiles, TileWork
+from .errors import KgenError, PlanError
+from .plan import Plan, plan
+from .model_sim import Item, Shape, simulate, work_items
+from .splitkv import ceil_div
 from .spec import Spec
+from .variant import Variant
 
 GRID_T = (16, 64, 256)
 GRID_L = (4096, 32768, 131072)
@@ -90,67 +92,7 @@ def validation() -> str:
             f"(rms {v['rms_error_pct']:.0f}%; docs/performance_model.md)")
 
 
-@dataclass(frozen=True)
-class Shape:
-    H: int
-    T: int  # tree tokens per request; 1 = decode (prefix_attention alone)
-    L: int  # prefix tokens per request
-    B: int
-    page_size: int = 1
-
-    @property
-    def decode(self) -> bool:
-        return self.T == 1
-
-
-@dataclass(frozen=True)
-class TileWork:
-    """What one CTA does per KV tile."""
-
-    mma_flops: dict[str, float]  # by MMA input type: bf16, f16, e4m3
-    smem_wavefronts: float  # 128-byte shared-memory wavefronts, bulk-copy writes included
-    convert_lanes: float  # fp8 -> f16 conversion lanes
-    issue: float  # instructions of the busiest SM sub-partition
-    barriers: int  # barriers a warp waits on
-    kv_bytes: int  # KV bytes staged
-    keys: int  # keys per tile (BN)
-
-
-# ---- the current design: mma.sync row blocks fed by a producer warp (templates/attention.cuh) ----
-
-def _mma(op: str) -> tuple[str, int] | None:
-    """(input type, FLOPs) of an MMA opcode: HMMA.16816.F32.BF16 -> ("bf16", 4096)."""
-    base, *mods = op.split(".")
-    if not base.endswith("MMA"):
-        return None
-    shape = mods[0]  # m n k, e.g. 16816, 16832
-    flops = 2 * int(shape[:2]) * int(shape[2]) * int(shape[3:])
-    kind = "e4m3" if "E4M3" in mods else "bf16" if "BF16" in mods else "f16"
-    return kind, flops
-
-
-def _wavefronts(op: str) -> int:
-    """128-byte shared-memory wavefronts of one warp's instruction (no bank conflicts)."""
-    base, *mods = op.split(".")
-    if base == "LDSM":
-        return int(mods[-1]) if mods[-1] in ("2", "4") else 1  # .x1/.x2/.x4 matrices of 128 bytes
-    if base in ("LDS", "STS"):
-        return {"128": 4, "64": 2}.get(mods[-1] if mods else "", 1)
-    return 0
-
-
-def tile_work_from_loop(loop: Counter, warps: int, keys: int, kv_bytes: int) -> TileWork:
-    """TileWork of a loop body (one tile per iteration) that `warps` compute warps run."""
-    flops: dict[str, float] = {}
-    for op, n in loop.items():
-        if m := _mma(op):
-            flops[m[0]] = flops.get(m[0], 0) + warps * n * m[1]
-    wavefronts = warps * sum(n * _wavefronts(op) for op, n in loop.items()) + kv_bytes / 128
-    converts = warps * 32 * sum(n for op, n in loop.items() if op.startswith("F2FP") and "UNPACK" in op)
-    barriers = sum(n for op, n in loop.items() if op.startswith("BAR.SYNC"))
-    return TileWork(mma_flops=flops, smem_wavefronts=wavefronts, convert_lanes=converts,
-                    issue=warps / 4 * sum(loop.values()), barriers=barriers, kv_bytes=kv_bytes, keys=keys)
-
+# ---- a design's tile: what its loop does per KV tile (kgen/designs/) ----
 
 _LOOPS: dict[tuple[str, str], Counter] = {}  # (variant id, arch) -> its tile loop
 
@@ -163,25 +105,18 @@ def _loop(variant: Variant, arch: str) -> Counter:
     return _LOOPS[key]
 
 
-def mma_sync_rowblocks(p: Plan, arch: Arch) -> TileWork:
-    """The prefix loop of prefix_attn (verify_attn runs the same loop) compiled for `arch`."""
-    t = p.tiles
-    kv_bytes = t.bn * p.spec.model.head_dim * KV_BYTES[p.spec.cache.kv_dtype]
-    return tile_work_from_loop(_loop(p.variant("prefix_attn"), arch.name), t.warps_m * DIM_GROUPS, t.bn, kv_bytes)
+def modeled(tiles: Tiles) -> bool:
+    """Whether the model has an entry for the tiling's loop design."""
+    return designs.of(tiles).modeled
 
 
-DESIGNS = {"mma_sync_rowblocks": mma_sync_rowblocks}
-
-
-MODELED_DESIGNS = {"mma_sync": "mma_sync_rowblocks"}  # plan design -> DESIGNS entry (wgmma: not modeled yet)
-
-
-def design_of(p: Plan) -> str:
-    try:
-        return MODELED_DESIGNS[p.tiles.design]
-    except KeyError:
-        raise KgenError(f"the performance model has no entry for the {p.tiles.design} loop "
-                        f"(modeled: {', '.join(MODELED_DESIGNS)})") from None
+def tile_work(p: Plan, arch: Arch) -> TileWork:
+    """What one CTA of the plan does per KV tile on `arch`, from the SASS of its design's loop."""
+    design = designs.of(p.tiles)
+    if not design.modeled:
+        raise KgenError(f"the performance model has no entry for the {design.name} loop "
+                        f"(modeled: {', '.join(d.name for d in designs.DESIGNS if d.modeled)})")
+    return design.tile_work(p.spec, p.tiles, _loop(p.variant(design.modeled_kernel), arch.name))
 
 
 # ---- a call ----
@@ -207,64 +142,6 @@ def compute_cycles(work: TileWork, arch: Arch, cal: Calibration) -> tuple[float,
 
 
 @dataclass(frozen=True)
-class Item:
-    tiles: int  # KV tiles: prefix, then (verify, last split) the tree's
-    dram_bytes: float  # bytes from DRAM per tile, averaged over the item's tiles
-
-
-def work_items(p: Plan, shape: Shape, target_ctas: int) -> tuple[list[Item], int]:
-    """The schedule of templates/schedule.cuh for B identical requests: the work items in CTA
-    order, and the splits (partial states) of each row."""
-    bm, bn = p.tiles.bm, p.tiles.bn
-    row_tiles, kv_tiles = ceil_div(shape.T * shape.H, bm), ceil_div(shape.L, bn)
-    chunk = max(MIN_SPLIT_TILES, ceil_div(shape.B * row_tiles * kv_tiles, target_ctas))
-    splits = max(0 if shape.decode else 1, ceil_div(kv_tiles, chunk))
-    tile_bytes = bn * p.spec.model.head_dim * KV_BYTES[p.spec.cache.kv_dtype]
-    request = []
-    for s in range(splits):
-        prefix = min(kv_tiles, (s + 1) * chunk) - s * chunk
-        tree = ceil_div(shape.T, bn) if not shape.decode and s == splits - 1 else 0
-        tiles = max(1, prefix + tree)  # an empty split still runs its startup and writes a state
-        # the request's row tiles run side by side (row tile fastest) and read the chunk once
-        request += [Item(tiles, prefix * tile_bytes / row_tiles / tiles)] * row_tiles
-    return request * shape.B, splits
-
-
-def simulate(items: list[Item], slots: int, compute_us: float, dram_bytes_per_us: float,
-             startup_us: float) -> tuple[float, float]:
-    """(makespan, time the tiles were DRAM-bound) of the items on `slots` CTA slots, in order.
-    Running CTAs in their tile phase advance one tile per max(compute_us, their DRAM bytes per
-    tile / dram_bytes_per_us): a shared progress clock (tiles done by any of them) keeps it
-    O(items log items). compute_us includes the ring's latency bound."""
-    now = progress = dram_bound = 0.0
-    starting: list[tuple[float, int]] = []  # (time its startup ends, item)
-    running: list[tuple[float, int]] = []  # (progress at which its tiles are done, item)
-    demand = 0.0  # DRAM bytes per tile of the running CTAs
-    queue = iter(range(len(items)))
-    for _ in range(min(slots, len(items))):
-        heapq.heappush(starting, (startup_us, next(queue)))
-    while starting or running:
-        tile_us = max(compute_us, demand / dram_bytes_per_us)
-        to_start = starting[0][0] - now if starting else math.inf
-        to_done = (running[0][0] - progress) * tile_us if running else math.inf
-        dt = min(to_start, to_done)
-        now += dt
-        progress += dt / tile_us
-        if running and tile_us > compute_us:
-            dram_bound += dt
-        if to_start <= to_done:
-            _, i = heapq.heappop(starting)
-            heapq.heappush(running, (progress + items[i].tiles, i))
-            demand += items[i].dram_bytes
-            continue
-        _, i = heapq.heappop(running)
-        demand -= items[i].dram_bytes
-        if (j := next(queue, None)) is not None:
-            heapq.heappush(starting, (now + startup_us, j))
-    return now, dram_bound
-
-
-@dataclass(frozen=True)
 class Floor:
     """DESIGN §9: max(bytes / DRAM bandwidth, FLOPs / MMA rate) on the arch."""
 
@@ -281,7 +158,7 @@ class Floor:
 def floor(spec: Spec, shape: Shape, arch: Arch) -> Floor:
     m = spec.model
     keys = shape.L if shape.decode else shape.L + shape.T
-    nbytes = shape.B * keys * m.head_dim * KV_BYTES[spec.cache.kv_dtype]
+    nbytes = shape.B * keys * kvrows.row_bytes(spec)
     flops = 2 * shape.B * shape.T * shape.H * keys * (m.head_dim + m.value_dim)
     rate = arch.mma_fp8_tflops if spec.cache.mma_type == "e4m3" and arch.mma_fp8_tflops else arch.mma_bf16_tflops
     return Floor(nbytes, flops, nbytes / (arch.dram_gbps * 1e9) * 1e6, flops / (rate * 1e12) * 1e6)
@@ -291,7 +168,7 @@ def floor(spec: Spec, shape: Shape, arch: Arch) -> Floor:
 class Prediction:
     shape: Shape
     arch: str
-    tiles: AttentionTiles
+    tiles: Tiles
     us: float
     binding: str  # tensor/smem/convert/issue (the loop's compute), latency (the ring), dram, per-call
     floor: Floor
@@ -358,19 +235,19 @@ class Call:
 
 
 def call(spec: Spec, shape: Shape, arch: str | Arch, *, plan_for: str | None = None,
-         tiles: AttentionTiles | None = None) -> Call:
+         tiles: Tiles | None = None) -> Call:
     """One call of `shape` on `arch` with the plan for `plan_for` (default: the spec's target; the
     sm_120 plan also runs on the H200), or with `tiles`."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     p = plan(spec, plan_for, tiles)
-    work = DESIGNS[design_of(p)](p, arch)
+    work = tile_work(p, arch)
     items, splits = work_items(p, shape, arch.sm_count * p.tiles.min_blocks)
     combine = build_variant(p.variant("lse_combine"), arch.name, KernelCache())
     return Call(spec, shape, arch, p, work, tuple(items), splits, arch.sm_count * combine.occupancy.ctas_per_sm)
 
 
 def predict(spec: Spec, shape: Shape, arch: str | Arch, *, plan_for: str | None = None,
-            tiles: AttentionTiles | None = None, cal: Calibration | None = None) -> Prediction:
+            tiles: Tiles | None = None, cal: Calibration | None = None) -> Prediction:
     """Modeled time of one call (see call())."""
     return call(spec, shape, arch, plan_for=plan_for, tiles=tiles).predict(cal)
 
@@ -382,13 +259,11 @@ def grid(spec: Spec) -> list[Shape]:
     return [Shape(spec.model.num_q_heads, t, l, b, spec.cache.page_size) for t in ts for l in GRID_L for b in GRID_B]
 
 
-def rank_by_model(spec: Spec, arch: str | Arch, candidates: list[AttentionTiles],
-                  shapes: list[Shape] | None = None) -> list[tuple[AttentionTiles, float]]:
+def rank_by_model(spec: Spec, arch: str | Arch, candidates: list[Tiles],
+                  shapes: list[Shape] | None = None) -> list[tuple[Tiles, float]]:
     """Candidate tilings that plan for `arch`, fastest first by the model: (tiles, the geometric
     mean of their modeled µs over `shapes`, default the §9 grid). For `kgen tune` where the arch
     is not present; the ranking is a model, and the caller says so."""
-    from .errors import PlanError
-
     shapes = shapes or grid(spec)
     arch_name = arch if isinstance(arch, str) else arch.name
     ranked = []

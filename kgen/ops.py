@@ -4,65 +4,57 @@ Every op launches on torch.cuda.current_stream(), allocates only through torch, 
 with the host (unless KGEN_VALIDATE=1) and so can be captured in a CUDA graph: all launch
 sizes derive from tensor shapes, and each attention CTA finds its split-KV work item on the
 device (templates/schedule.cuh). Attention runs through prepared steps (kgen/step.py): the
-one-shot ops prepare a step for one call.
+one-shot ops prepare a step for one call. A Module puts together what does the work: the loaded
+plans and kernels (kgen/loading.py), the per-batch plan choice (kgen/choice.py), the device state
+(kgen/device.py), merge (kgen/merge.py) and defrag (kgen/defrag.py).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import checks
-from .arch import arch_for_capability, get_arch
-from .build import build
-from .cache import env_flag
-from .plan import MIN_SPLIT_TILES, Plan, Tiles, ceil_div, plan, work_capacity
-from .runtime import Kernel, current_stream
+from .choice import PlanChoice
+from .defrag import Defrag
+from .designs import Tiles
+from .device import DeviceState
+from .kernels import DEFRAG
+from .loading import LoadedPlans, load, resolve_device, target_of
+from .merge import merge_states
+from .runtime import current_stream
 from .spec import Spec
-from .step import Step, target_ctas, workspace_layout
-from .tuning import Bucket, find_table, tiles_text
+from .step import Step, StepContext
 
-__all__ = ["Module", "MIN_SPLIT_TILES"]
-
-DEFRAG_STAGING_BYTES = int(os.environ.get("KGEN_DEFRAG_STAGING_BYTES", 1 << 30))
-ZERO_LENS = 1024  # requests a tree-only call can have before the zero-lengths buffer grows
+__all__ = ["Module"]
 
 
 class Module:
     def __init__(self, spec: Spec, device: torch.device | str | None = None, tiles: Tiles | None = None,
                  arch: str | None = None):
-        if not torch.cuda.is_available():
-            raise RuntimeError("kgen.jit needs a CUDA GPU (torch.cuda.is_available() is False)")
-        self.device = torch.device(device or "cuda")
-        if self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.spec = spec
-        props = torch.cuda.get_device_properties(self.device)
-        self.arch = arch_for_capability(props.major, props.minor)  # the GPU present: what the cubins are for
-        # The plan of the GPU present, or of `arch` (e.g. the sm_120 plan tested on an H200): the
-        # heuristic tiling (or `tiles`), and the tilings a tuned table picks for some buckets.
-        plan_arch = get_arch(arch) if arch else self.arch
-        self.plan: Plan = plan(spec, plan_arch, tiles=tiles)
-        self.table = None if tiles else find_table(spec, plan_arch.name)
-        self.plans = {tiles_text(self.plan.tiles): self.plan}
-        for choice in (self.table.choices.values() if self.table else ()):
-            self.plans.setdefault(tiles_text(choice.tiles), plan(spec, plan_arch, tiles=choice.tiles))
-        self.sm_count = props.multi_processor_count
-        self._kernels = {}
-        loaded: dict[str, Kernel] = {}  # by variant id: plans share their merge, defrag and combine kernels
-        for text, p in self.plans.items():
-            built = build(p, [self.arch.name])
-            self._kernels[text] = {b.variant.name: loaded.get(b.variant.variant_id) or
-                                   loaded.setdefault(b.variant.variant_id, Kernel(b, self.device)) for b in built}
-            if p is self.plan:
-                self.built = built
-        self.k = self._kernels[tiles_text(self.plan.tiles)]
-        self._layer_tables: dict[tuple[int, ...], torch.Tensor] = {}
-        self.stream = current_stream(self.device)
-        self.error_flag = torch.zeros(1, dtype=torch.int32, device=self.device)  # KGEN_VALIDATE reports
-        self._zeros = torch.zeros(ZERO_LENS, dtype=torch.int32, device=self.device)
-        torch.cuda.synchronize(self.device)  # both are filled before any stream (a graph's) reads them
+        """Load `spec`'s kernels for the GPU `device` (default: the current one), with the plan of
+        that GPU's arch or of `arch` (e.g. the sm_120 plan on an H200): its heuristic tiling (or
+        `tiles`), and the tilings a tuned table picks for some buckets."""
+        device = resolve_device(device)
+        target = target_of(device, arch)
+        choice = PlanChoice.find(spec, target.plan_arch, tiles)
+        self._assemble(load(spec, target, choice.tilings(), device), choice,
+                       DeviceState(device, current_stream(device)))
+
+    @classmethod
+    def of(cls, loaded: LoadedPlans, choice: PlanChoice, state: DeviceState) -> Module:
+        """A module of plans and kernels loaded by the caller (e.g. stand-in kernels on a CPU)."""
+        module = cls.__new__(cls)
+        module._assemble(loaded, choice, state)
+        return module
+
+    def _assemble(self, loaded: LoadedPlans, choice: PlanChoice, state: DeviceState) -> None:
+        self.spec, self.target, self.device = loaded.spec, loaded.target, state.device
+        self.choice, self.table = choice, choice.table
+        self.plan = loaded.plans[choice.default]
+        self._ctx = StepContext(loaded.spec, loaded, choice, state)
+        # merge and defrag kernels do not depend on the tiling: the default plan's serve every batch
+        self._kernels = loaded.kernels[choice.default]
+        self._defrag = Defrag(self._kernels[DEFRAG.name], loaded.target.sm_count, state.device)
 
     # ---- attention -------------------------------------------------------------------------
 
@@ -77,19 +69,12 @@ class Module:
         to use instead of allocating (e.g. one shared by the steps of several captured graphs).
         What the caller may refill between calls and graph replays: see kgen/step.py.
         """
-        return Step(self, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace)
+        return Step(self._ctx, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace)
 
     def workspace_bytes(self, num_tokens: int, batch: int) -> int:
         """Scratch bytes of a step with `num_tokens` tree tokens in `batch` requests (whichever
         of the module's tilings its bucket runs)."""
-        return max(workspace_layout(self, p, work_capacity(p, num_tokens, batch, target_ctas(self, p))[0], batch)[2]
-                   for p in self.plans.values())
-
-    def plan_for(self, num_tokens: int, batch: int, context_tokens: int) -> tuple[Plan, dict[str, Kernel]]:
-        """The plan (and its kernels) a batch runs: its bucket's tuned tiling, else the heuristic."""
-        tiles = self.table.tiles_for(Bucket.of(num_tokens, batch, context_tokens)) if self.table else None
-        text = tiles_text(tiles or self.plan.tiles)
-        return self.plans[text], self._kernels[text]
+        return self._ctx.workspace_bytes(num_tokens, batch)
 
     # The one-shot ops: a step prepared for one call.
 
@@ -116,107 +101,13 @@ class Module:
         return checks.tensor("q", q, dtype=torch.bfloat16, device=self.device,
                              shape=(None, m.num_q_heads, m.head_dim)).shape[0]
 
-    def zero_lens(self, batch: int) -> torch.Tensor:
-        """int32 zeros for at least `batch` requests: the prefix lengths of tree-only calls. One
-        buffer per module, grown outside graph capture (a step holds the one it packed)."""
-        if self._zeros.numel() < batch:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"tree attention of {batch} requests: run it once before capturing a CUDA graph "
-                                   f"(it needs a larger zero-filled buffer, and filling one is a launch)")
-            self._zeros = torch.zeros(2 * batch, dtype=torch.int32, device=self.device)
-        return self._zeros
-
-    # ---- merge ----------------------------------------------------------------------------
+    # ---- merge and defrag -----------------------------------------------------------------
 
     def merge_states(self, o_a, lse_a, o_b, lse_b, *, out=None, lse=None):
         """Merge two attention states of the same rows as if their key sets were united."""
-        dev = self.device
-        if not isinstance(o_a, torch.Tensor):
-            raise TypeError(f"o_a: expected a torch.Tensor, got {type(o_a).__name__}")
-        if o_a.dtype not in (torch.bfloat16, torch.float32):
-            raise TypeError(f"o_a: expected dtype torch.bfloat16 or torch.float32, got {o_a.dtype}")
-        shape = tuple(o_a.shape)
-        if len(shape) < 2 or shape[-1] % 8:
-            raise ValueError(f"o_a: expected [..., width] with width a multiple of 8, got shape {shape}")
-        o_a = checks.tensor("o_a", o_a, dtype=o_a.dtype, device=dev, shape=shape)
-        o_b = checks.tensor("o_b", o_b, dtype=o_a.dtype, device=dev, shape=shape)
-        lse_a = checks.tensor("lse_a", lse_a, dtype=torch.float32, device=dev, shape=shape[:-1])
-        lse_b = checks.tensor("lse_b", lse_b, dtype=torch.float32, device=dev, shape=shape[:-1])
-        out = checks.out_tensor("out", out, shape=shape, dtype=o_a.dtype, device=dev)
-        lse = checks.out_tensor("lse", lse, shape=shape[:-1], dtype=torch.float32, device=dev)
-        rows = lse_a.numel()
-        vecs = rows * (shape[-1] // 8)
-        kernel = self.k["lse_merge_bf16" if o_a.dtype == torch.bfloat16 else "lse_merge_f32"]
-        kernel(min(ceil_div(vecs, kernel.variant.threads), self.sm_count * 16),
-               o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b, o=out, lse=lse, rows=rows, width=shape[-1])
-        return out, lse
-
-    # ---- defrag ---------------------------------------------------------------------------
+        return merge_states(self._kernels, self.target.sm_count, self.device, o_a, lse_a, o_b, lse_b,
+                            out=out, lse=lse)
 
     def defrag(self, kv_caches, src, dst) -> None:
         """For every layer and n: cache[dst[n]] = old cache[src[n]] (reads before writes)."""
-        layers, num_slots, row_bytes = self._layer_table(kv_caches)
-        if row_bytes % 16:
-            raise ValueError(f"kv_caches: a row is {row_bytes} bytes; rows must be a multiple of 16 bytes")
-        src = self._move_index("src", src)
-        dst = self._move_index("dst", dst)
-        if src.numel() != dst.numel():
-            raise ValueError(f"src/dst: expected the same number of moves, got {src.numel()} and {dst.numel()}")
-        n = src.numel()
-        if n == 0:
-            return
-        if env_flag("KGEN_VALIDATE"):
-            self._validate_moves(src, dst, num_slots)
-        is_dst = torch.zeros(num_slots, dtype=torch.uint8, device=self.device)
-        is_dst.index_fill_(0, dst, 1)  # a scalar fill: no host-to-device copy (graph capture)
-        num_layers = layers.numel()
-        row_chunks = row_bytes // 16
-        group = max(1, min(num_layers, DEFRAG_STAGING_BYTES // max(1, n * row_bytes)))
-        staging = torch.empty(group * n * row_chunks, 4, dtype=torch.int32, device=self.device)
-        kernel = self.k["kv_defrag"]
-        grid = min(ceil_div(n * row_chunks, kernel.variant.threads), self.sm_count * 8)
-        for first in range(0, num_layers, group):  # one launch pair for all layers unless staging is capped
-            part = layers[first:first + group]
-            for phase in (0, 1):
-                kernel(grid, layers=part, src=src, dst=dst, is_dst=is_dst, staging=staging, n=n,
-                       num_layers=part.numel(), row_chunks=row_chunks, phase=phase)
-
-    def _layer_table(self, kv_caches) -> tuple[torch.Tensor, int, int]:
-        """Device array of per-layer base addresses, slots per layer, bytes per row."""
-        if isinstance(kv_caches, torch.Tensor):
-            c = checks.tensor("kv_caches", kv_caches, dtype=kv_caches.dtype, device=self.device, ndim=kv_caches.dim())
-            if c.dim() not in (3, 4) or (c.dim() == 4 and c.shape[2] != 1):
-                raise ValueError(f"kv_caches: expected [layers, slots, D] (or [layers, slots, 1, D]), got {tuple(c.shape)}")
-            row_bytes = c.shape[-1] * c.element_size()
-            stride = c.stride(0) * c.element_size()
-            table = c.data_ptr() + stride * torch.arange(c.shape[0], device=self.device, dtype=torch.int64)
-            return table, c.shape[1], row_bytes
-        if not isinstance(kv_caches, (list, tuple)) or not kv_caches:
-            raise TypeError("kv_caches: expected a stacked [layers, slots, D] tensor or a non-empty list of tensors")
-        first = kv_caches[0]
-        if not isinstance(first, torch.Tensor):
-            raise TypeError(f"kv_caches[0]: expected a torch.Tensor, got {type(first).__name__}")
-        for i, c in enumerate(kv_caches):
-            checks.tensor(f"kv_caches[{i}]", c, dtype=first.dtype, device=self.device, shape=tuple(first.shape))
-        key = tuple(c.data_ptr() for c in kv_caches)
-        if key not in self._layer_tables:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("defrag: call it once with this list of layers before capturing a CUDA graph "
-                                   "(its address table is uploaded on first use), or pass a stacked tensor")
-            self._layer_tables[key] = torch.tensor(key, dtype=torch.int64).to(self.device)
-        return self._layer_tables[key], first.shape[0], first[0].numel() * first.element_size()
-
-    def _move_index(self, name: str, t) -> torch.Tensor:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
-            raise ValueError(f"{name}: expected a 1-D int32/int64 tensor, got {t.dtype} {tuple(t.shape)}")
-        return t.to(device=self.device, dtype=torch.int64).contiguous()
-
-    @staticmethod
-    def _validate_moves(src: torch.Tensor, dst: torch.Tensor, num_slots: int) -> None:
-        for name, t in (("src", src), ("dst", dst)):
-            if bool(((t < 0) | (t >= num_slots)).any()):
-                raise ValueError(f"{name}: slot index outside [0, {num_slots}) (KGEN_VALIDATE)")
-        if torch.unique(dst).numel() != dst.numel():
-            raise ValueError("dst: slots must be distinct (KGEN_VALIDATE)")
+        self._defrag(kv_caches, src, dst)

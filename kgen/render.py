@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
 
-from . import __version__
-from .plan import Plan, Variant
+from .version import __version__
+from .plan import Plan
 from .signature import c_signature
+from .variant import Variant
 
 
 def templates_dir() -> Path:
@@ -54,13 +56,27 @@ def headers() -> dict[str, str]:
     return {f"kgen/{p.name}": p.read_text() for p in sorted(root.glob("*.cuh"))}
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"(kgen/[^"]+)"', re.M)
+
+
+def included_headers(source: str) -> dict[str, str]:
+    """The headers `source` includes, directly or through other headers: what it compiles with (and
+    what its cache key hashes). An include of a header that does not exist is left to NVRTC to report."""
+    every, found, todo = headers(), {}, _INCLUDE.findall(source)
+    while todo:
+        name = todo.pop()
+        if name in every and name not in found:
+            found[name] = every[name]
+            todo += _INCLUDE.findall(every[name])
+    return dict(sorted(found.items()))
+
+
 def render(variant: Variant) -> str:
     template = _env().get_template(variant.template)
     return template.render(
         symbol=variant.variant_id,
         threads=variant.threads,
         min_blocks=variant.min_blocks,
-        smem_bytes=variant.smem_bytes,
         signature=c_signature(variant.params),
         **variant.constants,
     )

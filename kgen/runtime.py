@@ -9,6 +9,7 @@ import torch
 from .build import BuiltKernel
 from .errors import CudaError
 from .signature import ParamBlock, ParamLayout
+from .variant import Variant
 
 
 def _driver():
@@ -43,24 +44,29 @@ def ensure_context(device: torch.device) -> None:
 
 
 class Kernel:
-    """One loaded entry point. The dynamic shared-memory limit is raised once, here."""
+    """One loaded entry point: its variant, its CUfunction and the launch call. Kernel.load loads a
+    built cubin; the constructor takes what was loaded (or stand-ins, on a machine without a GPU)."""
 
-    def __init__(self, built: BuiltKernel, device: torch.device):
+    def __init__(self, variant: Variant, func, stream: Callable[[], object], launch: Callable):
+        self.variant, self._func, self.stream, self._launch = variant, func, stream, launch
+        self._threads, self._smem = variant.threads, variant.smem_bytes
+        self.layout = ParamLayout(variant.params)
+
+    @classmethod
+    def load(cls, built: BuiltKernel, device: torch.device) -> Kernel:
+        """Load the cubin on `device`; the dynamic shared-memory limit is raised once, here."""
         driver = _driver()
         ensure_context(device)
-        self.variant = built.variant
-        self.device = device
-        self._module = check(driver.cuModuleLoadData(built.cubin), f"loading {self.variant.variant_id}")
-        self._func = check(driver.cuModuleGetFunction(self._module, self.variant.variant_id.encode()),
-                           f"finding {self.variant.variant_id}")
-        if self.variant.smem_bytes > 48 * 1024:
+        v = built.variant
+        module = check(driver.cuModuleLoadData(built.cubin), f"loading {v.variant_id}")
+        func = check(driver.cuModuleGetFunction(module, v.variant_id.encode()), f"finding {v.variant_id}")
+        if v.smem_bytes > 48 * 1024:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            check(driver.cuFuncSetAttribute(self._func, attr, self.variant.smem_bytes),
-                  f"raising shared memory of {self.variant.name} to {self.variant.smem_bytes} B")
-        self._launch = driver.cuLaunchKernel
-        self._threads, self._smem = self.variant.threads, self.variant.smem_bytes
-        self.layout = ParamLayout(self.variant.params)
-        self.stream = current_stream(device)
+            check(driver.cuFuncSetAttribute(func, attr, v.smem_bytes),
+                  f"raising shared memory of {v.name} to {v.smem_bytes} B")
+        kernel = cls(v, func, current_stream(device), driver.cuLaunchKernel)
+        kernel._module = module  # the CUmodule stays loaded while the kernel lives
+        return kernel
 
     def launch(self, grid: int, params: ParamBlock, stream) -> None:
         """Launch `grid` CTAs with a packed parameter block on `stream` (a CUstream). cuda-python

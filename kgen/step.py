@@ -22,11 +22,17 @@ one step serves one thread at a time (a call rewrites its parameter blocks).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from . import checks, fp8
-from .cache import env_flag
-from .plan import MIN_SPLIT_TILES, work_capacity
+from . import checks, env, fp8
+from .choice import PlanChoice
+from .device import DeviceState
+from .kernels import COMBINE, PREFIX, TREE, VERIFY, AttentionEntry
+from .loading import LoadedPlans
+from .plan import Plan
+from .spec import Spec
 
 _ALIGN = 256  # bytes: every scratch array of a workspace starts aligned (float4 / int4 accesses)
 _BF16 = (torch.bfloat16,)
@@ -36,25 +42,40 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def workspace_layout(mod, plan, grid: int, batch: int) -> tuple[int, int, int]:
+def workspace_layout(plan: Plan, grid: int, batch: int) -> tuple[int, int, int]:
     """Byte offsets of part_lse and req_meta in a workspace (part_o starts it), and its size,
     for `grid` attention CTAs of `plan` (one partial state of BM rows each) and `batch` requests."""
     rows = grid * plan.tiles.bm
-    part_lse = _aligned(rows * mod.spec.model.value_dim * 4)
+    part_lse = _aligned(rows * plan.spec.model.value_dim * 4)
     req_meta = part_lse + _aligned(rows * 4)
     return part_lse, req_meta, req_meta + _aligned(batch * 16)
 
 
-def target_ctas(mod, plan) -> int:
-    return mod.sm_count * plan.tiles.min_blocks  # one wave of attention CTAs
+@dataclass(frozen=True)
+class StepContext:
+    """What a step runs with: the module's spec, loaded plans, plan choice and device state."""
+
+    spec: Spec
+    loaded: LoadedPlans
+    choice: PlanChoice
+    device: DeviceState
+
+    def target_ctas(self, plan: Plan) -> int:
+        return self.loaded.target.sm_count * plan.tiles.min_blocks  # one wave of attention CTAs
+
+    def workspace_bytes(self, num_tokens: int, batch: int) -> int:
+        """Scratch bytes of a step (whichever of the tilings its bucket runs)."""
+        return max(workspace_layout(p, p.capacity(num_tokens, batch, self.target_ctas(p)).prefix, batch)[2]
+                   for p in self.loaded.plans.values())
 
 
 class Step:
     """One batch, prepared by Module.prepare; run a layer with verify(), prefix() or tree()."""
 
-    def __init__(self, mod, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace):
-        spec, dev = mod.spec, mod.device
-        self._mod, self._device = mod, dev
+    def __init__(self, ctx: StepContext, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens,
+                 workspace):
+        spec, dev = ctx.spec, ctx.device.device
+        self._ctx, self._device = ctx, dev
         self.qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
         self.batch = batch = self.qo_indptr.numel() - 1
         self._no_prefix = self._no_tree = None  # why prefix kernels / tree kernels cannot run, if they cannot
@@ -67,16 +88,19 @@ class Step:
         if num_tokens is not None and (not isinstance(num_tokens, int) or num_tokens < 0):
             raise TypeError(f"num_tokens: expected an int >= 0 (the rows of q), got {num_tokens!r}")
         self.num_tokens = self._check_tree(spec, tree_mask, num_tokens)
+        self.max_nodes = spec.tree.nodes
 
-        self.validate = env_flag("KGEN_VALIDATE")
+        self.validate = env.flag("KGEN_VALIDATE")
+        self.error_flag = ctx.device.error_flag
         # The tiling of this batch's bucket (a tuned table's choice, else the heuristic plan).
         context = 0 if self._no_prefix else self.kv_indices.numel() * spec.cache.page_size
-        self.plan, self._kernels = mod.plan_for(self.num_tokens, batch, context)
-        self._target = target_ctas(mod, self.plan)
-        prefix_grid, tree_grid = work_capacity(self.plan, self.num_tokens, batch, self._target)
-        self._grids = {"verify_attn": prefix_grid, "prefix_attn": prefix_grid, "tree_attn": tree_grid}
+        tiles = ctx.choice.tiles_for(self.num_tokens, batch, context)
+        self.plan, self._kernels = ctx.loaded.plans[tiles], ctx.loaded.kernels[tiles]
+        self.target_ctas = ctx.target_ctas(self.plan)
+        self._capacity = self.plan.capacity(self.num_tokens, batch, self.target_ctas)
         self._empty = self.num_tokens == 0 or batch == 0
-        self.workspace = self._check_workspace(workspace, tree_grid if self._no_prefix else prefix_grid)
+        self.workspace = self._check_workspace(workspace, TREE.grid(self._capacity) if self._no_prefix
+                                               else PREFIX.grid(self._capacity))
 
         m = spec.model
         self._q_shape = (self.num_tokens, m.num_q_heads, m.head_dim)
@@ -86,11 +110,10 @@ class Step:
         self._kv_fp8 = spec.cache.kv_dtype == "float8_e4m3fn"
         self._kv_dtypes = (fp8.E4M3,) if self._kv_fp8 else _BF16
         self._tree_dtypes = (torch.bfloat16, fp8.E4M3) if self._kv_fp8 else _BF16
-        combine = self._kernels["lse_combine"]
-        self._combine = (combine, self.num_tokens * m.num_q_heads,
-                         combine.layout.pack(part_o=self._part_o, part_lse=self._part_lse, qo_indptr=self.qo_indptr,
-                                             req_meta=self._req_meta, batch=batch, o=None, lse=None))
-        self._launches: dict[str, tuple] = {}  # kernel name -> (kernel, grid, parameter block), built on first use
+        combine = self._kernels[COMBINE.name]
+        self._combine = (combine, COMBINE.grid(self.num_tokens * m.num_q_heads),
+                         combine.layout.pack(**COMBINE.step_args(self)))
+        self._launches: dict[AttentionEntry, tuple] = {}  # entry -> (kernel, grid, parameter block), on first use
 
     def _check_tree(self, spec, tree_mask, num_tokens: int | None) -> int:
         """The step's token count; checks tree_mask and notes when tree kernels cannot run."""
@@ -118,7 +141,7 @@ class Step:
 
     def _check_workspace(self, workspace, grid: int) -> torch.Tensor:
         """The caller's workspace, checked, or a new one; sets the scratch arrays' addresses."""
-        part_lse, req_meta, size = workspace_layout(self._mod, self.plan, grid, self.batch)
+        part_lse, req_meta, size = workspace_layout(self.plan, grid, self.batch)
         if workspace is None:
             workspace = torch.empty(0 if self._empty else size, dtype=torch.uint8, device=self._device)
         else:
@@ -127,35 +150,35 @@ class Step:
                 raise ValueError(f"workspace: this step needs {size} bytes (Module.workspace_bytes), "
                                  f"got {workspace.numel()}")
         base = workspace.data_ptr()
-        self._part_o, self._part_lse, self._req_meta = base, base + part_lse, base + req_meta
+        self.part_o, self.part_lse, self.req_meta = base, base + part_lse, base + req_meta
         return workspace
 
     # ---- per layer ------------------------------------------------------------------------
 
     def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
         """Attention of the batch's tree tokens over their prefixes and trees: (out, lse)."""
-        return self._run("verify_attn", q, kv_cache, k_tree, kv_scale, out, lse)
+        return self._run(VERIFY, q, kv_cache, k_tree, kv_scale, out, lse)
 
     def prefix(self, q, kv_cache, *, kv_scale=1.0, out=None, lse=None):
         """Attention of the batch's tree tokens over their paged prefixes only."""
-        return self._run("prefix_attn", q, kv_cache, None, kv_scale, out, lse)
+        return self._run(PREFIX, q, kv_cache, None, kv_scale, out, lse)
 
     def tree(self, q, k_tree, *, kv_scale=1.0, out=None, lse=None):
         """Attention of the batch's tree tokens over each other under the tree mask only."""
-        return self._run("tree_attn", q, None, k_tree, kv_scale, out, lse)
+        return self._run(TREE, q, None, k_tree, kv_scale, out, lse)
 
     # An fp8 spec's KV rows are e4m3 bytes meaning byte * kv_scale; tree keys may come in bf16 (as
     # SGLang passes the new tokens' k) and are then quantized with the same scale.
 
-    def _run(self, name, q, kv_cache, k_tree, kv_scale, out, lse):
-        kernel, grid, block = self._launches.get(name) or self._build(name)
+    def _run(self, entry: AttentionEntry, q, kv_cache, k_tree, kv_scale, out, lse):
+        kernel, grid, block = self._launches.get(entry) or self._build(entry)
         dev, v = self._device, block.values
         v.kv_scale = kv_scale = self._check_scale(kv_scale)
         v.q = checks.address("q", q, dtypes=_BF16, device=dev, shape=self._q_shape)
-        if name != "tree_attn":
+        if entry.prefix:
             v.kv_cache, v.num_slots = checks.rows_address("kv_cache", kv_cache, dtypes=self._kv_dtypes, device=dev,
                                                           width=self._width)
-        if name != "prefix_attn":
+        if entry.tree:
             v.k_tree = checks.rows_address("k_tree", k_tree, dtypes=self._tree_dtypes, device=dev, width=self._width,
                                            rows=self.num_tokens)[0]
             if self._kv_fp8 and k_tree.dtype == torch.bfloat16:
@@ -172,51 +195,36 @@ class Step:
         if self._empty:
             return out, lse
         if self.validate:
-            self._mod.error_flag.zero_()
-        stream = self._mod.stream()
+            self.error_flag.zero_()
+        stream = self._ctx.device.stream()
         kernel.launch(grid, block, stream)
         combine.launch(combine_grid, combine_block, stream)
         if self.validate:
-            self._raise_device_errors(name != "tree_attn")
+            self._raise_device_errors(entry.prefix)
         return out, lse
 
     def _check_scale(self, kv_scale) -> float:
         kv_scale = fp8.check_scale(kv_scale)
         if not self._kv_fp8 and kv_scale != 1.0:
-            spec = self._mod.spec
+            spec = self._ctx.spec
             raise ValueError(f"kv_scale: {spec.name} has a {spec.cache.kv_dtype} KV cache; kv_scale applies to "
                              f"float8_e4m3fn caches only (got {kv_scale})")
         return kv_scale
 
-    def _build(self, name: str) -> tuple:
-        """Pack `name`'s parameter block: everything but the per-layer tensors and kv_scale."""
-        if name != "tree_attn" and self._no_prefix:
+    def _build(self, entry: AttentionEntry) -> tuple:
+        """Pack the entry's parameter block: everything but the per-layer tensors and kv_scale."""
+        if entry.prefix and self._no_prefix:
             raise ValueError(self._no_prefix)
-        if name != "prefix_attn" and self._no_tree:
+        if entry.tree and self._no_tree:
             raise ValueError(self._no_tree)
-        mod = self._mod
-        with_tree = name != "prefix_attn"
-        # Verify and tree-only calls give every request at least one split: verify's tree rides on
-        # each row tile's last split, tree-only has one item per row tile (all kv_lens 0).
-        args = dict(q=None, kv_scale=1.0, qo_indptr=self.qo_indptr, batch=self.batch, target_ctas=self._target,
-                    min_split_tiles=MIN_SPLIT_TILES, min_splits=int(with_tree),
-                    max_nodes=mod.spec.tree.nodes if with_tree else self.num_tokens, total_tokens=self.num_tokens,
-                    validate=int(self.validate), error_flag=mod.error_flag, req_meta=self._req_meta,
-                    part_o=self._part_o, part_lse=self._part_lse)
-        if name == "tree_attn":
-            self._zero_lens = mod.zero_lens(self.batch)
-            args.update(kv_lens=self._zero_lens)
-        else:
-            args.update(kv_lens=self.kv_lens, kv_cache=None, kv_indptr=self.kv_indptr, kv_indices=self.kv_indices,
-                        num_slots=0)
-        if with_tree:
-            args.update(k_tree=None, tree_mask=self.tree_mask)
-        kernel = self._kernels[name]
-        launch = self._launches[name] = (kernel, self._grids[name], kernel.layout.pack(**args))
+        if not entry.prefix:
+            self.zero_lens = self._ctx.device.zero_lens(self.batch)  # held: the block points at it
+        kernel = self._kernels[entry.name]
+        launch = self._launches[entry] = (kernel, entry.grid(self._capacity), kernel.layout.pack(**entry.step_args(self)))
         return launch
 
     def _raise_device_errors(self, has_prefix: bool) -> None:
-        flag = int(self._mod.error_flag.item())  # KGEN_VALIDATE=1 is a debug mode: the sync is expected
+        flag = int(self.error_flag.item())  # KGEN_VALIDATE=1 is a debug mode: the sync is expected
         if flag & 1:
             raise ValueError("qo_indptr/kv_lens: a request has a negative length, more tree tokens than the spec's "
                              "max_nodes, or qo_indptr does not run from 0 to the number of tokens (KGEN_VALIDATE)")

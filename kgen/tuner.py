@@ -12,14 +12,14 @@ from typing import Callable
 
 import torch
 
+from . import designs
 from .arch import arch_for_capability
 from .ops import Module
-from .plan import choose_attention_tiles
 from .spec import Spec
-from .testing import make_verify_inputs
+from .inputs import make_verify_inputs
 from .timing import time_rotation
-from .tuning import Bucket, Choice, Table, buckets, candidates, decide, find_table, shape_of, spec_digest, tiles_text
-from . import __version__
+from .tuning import Bucket, Choice, Table, buckets, candidates, decide, find_table, shape_of, spec_digest
+from .version import __version__
 
 L2_ROTATION_BYTES = 4 * 60 << 20  # rotated input sets hold at least four H200 L2s of KV
 
@@ -41,11 +41,11 @@ def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] 
     heuristic tiling once more for the noise; tuning.decide picks."""
     start = time.monotonic()
     here = arch_for_capability(*torch.cuda.get_device_capability())
-    heuristic = choose_attention_tiles(spec, here)
-    base = tiles_text(heuristic)
+    heuristic = designs.choose(spec, here)
+    base = designs.text(heuristic)
     mods = {base: Module(spec, tiles=heuristic)}
     for tiles in candidates(spec, here):
-        mods.setdefault(tiles_text(tiles), Module(spec, tiles=tiles))
+        mods.setdefault(designs.text(tiles), Module(spec, tiles=tiles))
     arch, device = here.name, mods[base].device
     old = find_table(spec, arch)
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -56,7 +56,7 @@ def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] 
         times = {text: time_rotation(_calls(m, spec, bucket, generator)) for text, m in mods.items()}
         again = time_rotation(_calls(mods[base], spec, bucket, generator))
         noise = abs(again - times[base]) / times[base]
-        incumbent = tiles_text(old.choices[bucket.key].tiles) if old and bucket.key in old.choices else base
+        incumbent = designs.text(old.choices[bucket.key].tiles) if old and bucket.key in old.choices else base
         chosen = decide(times, incumbent, noise)
         choices[bucket.key] = Choice(mods[chosen].plan.tiles, times[chosen], times[base], noise)
         if on_bucket:

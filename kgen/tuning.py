@@ -5,7 +5,7 @@ representative shape per bucket and writes the winners to a table; `kgen.jit` re
 matches the spec (its content digest), the arch and this kgen version — the user's (under
 KGEN_CACHE_DIR/tuned) before a shipped one (kgen/tuned/ in the package) — and runs, for each
 prepared step, the tiling of the step's bucket; buckets (and specs, archs, versions) without an
-entry get the heuristic plan (plan.choose_attention_tiles).
+entry get the heuristic plan (designs.choose).
 
 A bucket is what the host knows of a batch without reading the GPU: tree tokens per request
 (total tokens / batch), batch size, and context per request from the capacity of kv_indices
@@ -21,12 +21,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
+from . import designs
 from .arch import Arch
-from .cache import cache_root
-from .errors import KgenError
-from .errors import PlanError
-from .plan import AttentionTiles, Tiles, WgmmaTiles, plan
+from .env import cache_root
+from .designs import Tiles
+from .errors import KgenError, PlanError
+from .plan import plan
+from .version import __version__
 from .spec import Spec
 
 SCHEMA = 1
@@ -72,34 +73,18 @@ def shape_of(bucket: Bucket, max_nodes: int) -> tuple[int, int, int]:
     return min(trees[bucket.tree], max_nodes), batches[bucket.batch], contexts[bucket.context]
 
 
-def tiles_text(t: Tiles) -> str:
-    """A tiling as text: "wgmma:BN,STAGES,MIN_BLOCKS" or "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS"."""
-    if isinstance(t, WgmmaTiles):
-        return f"wgmma:{t.bn},{t.stages},{t.min_blocks}"
-    return f"mma_sync:{t.bm},{t.bn},{t.warps_m},{t.stages},{t.min_blocks}"
-
-
 def parse_tiles(text: str) -> Tiles:
-    design, _, values = text.partition(":")
-    try:
-        nums = tuple(int(x) for x in values.split(","))
-        if design == "wgmma" and len(nums) == 3:
-            return WgmmaTiles(*nums)
-        if design == "mma_sync" and len(nums) == 5:
-            return AttentionTiles(*nums)
-    except ValueError:
-        pass
-    raise TuningError(f"tiles {text!r}: expected wgmma:BN,STAGES,MIN_BLOCKS or mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS")
+    tiles = designs.parse(text)
+    if tiles is None:
+        raise TuningError(f"tiles {text!r}: expected {designs.text_forms()}")
+    return tiles
 
 
 def candidates(spec: Spec, arch: Arch) -> list[Tiles]:
-    """The tilings `kgen tune` tries on `arch`: each loop design at a shallow and a deep ring (and
-    the mma.sync loop with half-height KV tiles), those that fit the arch's budgets."""
-    tried: list[Tiles] = [AttentionTiles(32, 32, 2, s) for s in (2, 4)] + [AttentionTiles(32, 16, 2, 4)]
-    if arch.wgmma and spec.cache.kv_dtype == "bfloat16":
-        tried = [WgmmaTiles(stages=s) for s in (3, 4)] + tried
+    """The tilings `kgen tune` tries on `arch`: each allowed design's candidates (kgen/designs/),
+    those that plan within the arch's budgets."""
     out = []
-    for t in tried:
+    for t in (t for d in designs.allowed(arch) for t in d.candidates(spec, arch)):
         try:
             plan(spec, arch, tiles=t)
         except PlanError:
@@ -129,7 +114,7 @@ class Choice:
     noise: float  # relative spread of repeated timings
 
     def row(self) -> dict:
-        return {"tiles": tiles_text(self.tiles), "us": round(self.us, 2), "default_us": round(self.default_us, 2),
+        return {"tiles": designs.text(self.tiles), "us": round(self.us, 2), "default_us": round(self.default_us, 2),
                 "noise": round(self.noise, 4)}
 
 

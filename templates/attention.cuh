@@ -30,9 +30,15 @@
 
 namespace kgen {
 
+// Layout: the CTA's shared memory (bytes), rendered by kgen/designs/mma_sync.py (the planner's
+// budget): the staged row strides KV_STRIDE / Q_STRIDE / P_STRIDE (bytes) and S_STRIDE
+// (floats), the KV ring (RING_BYTES; Q is staged through it once), then S_OFF (partial scores
+// [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
+// float per row), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
+// the schedule's scratch (the partial scores are free until the first tile).
 template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_, bool KV_FP8_,
-          bool MMA_E4M3_, int S_ROW_PAD_>
-struct AttnConfig {
+          bool MMA_E4M3_, class Layout>
+struct AttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = BM_, BN = BN_;
     static constexpr int WARPS_M = WARPS_M_, DIM_GROUPS = DIM_GROUPS_, STAGES = STAGES_;
     static constexpr bool KV_FP8 = KV_FP8_;
@@ -58,22 +64,9 @@ struct AttnConfig {
     static constexpr int ROPE_STEPS = ROPE / K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
-    static constexpr int PAD = 16;                       // bytes of padding per staged row
-    static constexpr int KV_ROW = D * KV_ELEM;           // bytes per KV row
-    static constexpr int Q_ROW = D * 2;                  // bytes per (bf16) query row
-    static constexpr int KV_STRIDE = KV_ROW + PAD;       // bytes per staged KV row
-    static constexpr int Q_STRIDE = Q_ROW + PAD;         // bytes per staged Q row
-    static constexpr int S_STRIDE = BN + S_ROW_PAD_;     // floats per partial-score row
-    static constexpr int P_STRIDE = BN * P_ELEM + PAD;   // bytes per probability row
-    // Shared memory layout (bytes); plan.attention_smem_bytes mirrors it.
-    static constexpr int KV_BYTES = STAGES * BN * KV_STRIDE;
-    static constexpr int S_OFF = KV_BYTES;
-    static constexpr int P_OFF = S_OFF + DIM_GROUPS * BM * S_STRIDE * 4;
-    static constexpr int ALPHA_OFF = P_OFF + BM * P_STRIDE;
-    static constexpr int INV_L_OFF = ALPHA_OFF + BM * 4;
-    static constexpr int BAR_OFF = INV_L_OFF + BM * 4;  // mbarriers: full[STAGES], empty[STAGES], q
-    static constexpr int SMEM_BYTES = BAR_OFF + (2 * STAGES + 1) * 8;
-    static constexpr int SCRATCH_OFF = S_OFF;  // the schedule's scratch: the partial scores are free until the first tile
+    static constexpr int KV_ROW = D * KV_ELEM;  // bytes per KV row
+    static constexpr int Q_ROW = D * 2;         // bytes per (bf16) query row
+    using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
     static constexpr int RED_COLS = BN / RED_THREADS;
@@ -84,7 +77,9 @@ struct AttnConfig {
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
     static_assert(BN % K_BLOCK == 0 && BN % V_BLOCK == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
     static_assert(KV_FP8 || !MMA_E4M3, "e4m3 MMAs need an e4m3 cache");
-    static_assert(BM * Q_STRIDE <= KV_BYTES, "Q is staged through the KV ring");
+    static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
+    static_assert(BM * Q_STRIDE <= RING_BYTES && STAGES * BN * KV_STRIDE <= RING_BYTES, "Q is staged through the KV ring");
+    static_assert(Layout::SMEM_BYTES >= BAR_OFF + (2 * STAGES + 1) * 8, "the barriers fit the layout");
     static_assert(CONSUMERS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
     static_assert(ROW_BLOCK_BAR0 + WARPS_M <= 16, "named barrier ids");
@@ -209,7 +204,7 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
         }
 #pragma unroll
         for (int off = 1; off < C::RED_THREADS; off *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        const float q_scale = !(amax > 0.f) ? 1.f : C::MMA_E4M3 ? amax / 448.f : ldexpf(1.f, ilogbf(amax) - 14);
+        const float q_scale = !(amax > 0.f) ? 1.f : C::MMA_E4M3 ? amax / E4M3_MAX : ldexpf(1.f, ilogbf(amax) - 14);
         st.score_scale = scale_log2 * kv_scale * q_scale;
         st.out_scale = kv_scale / C::P_SCALE;
         if (threadIdx.x % C::RED_THREADS == 0) inv_q[w.red_row] = 1.f / q_scale;
@@ -233,10 +228,7 @@ template <class C, class QRows>
 __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows,
                                              float scale_log2, float kv_scale) {
     if (threadIdx.x == 0) {
-        for (int s = 0; s < C::STAGES; ++s) {
-            mbar_init(ring_full<C>(smem, s), 1);
-            mbar_init(ring_empty<C>(smem, s), C::CONSUMERS);
-        }
+        ring_init<C>(smem, 1, C::CONSUMERS);  // the producer lane 0's expect_tx; every compute thread
         mbar_init(q_full<C>(smem), 1);
         mbar_init_fence();
     }
@@ -383,8 +375,7 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
         const PendingRow row = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, lane, num_keys, keys);
-        const int stage = st.ring_pos % C::STAGES, fill = st.ring_pos / C::STAGES;
-        if (fill > 0) mbar_wait(ring_empty<C>(smem, stage), (fill - 1) & 1);
+        const int stage = ring_wait_free<C>(smem, st.ring_pos);
         if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_ROW);
         __syncwarp();
         if (lane < C::BN)
@@ -393,115 +384,127 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
     }
 }
 
-// Compute warps: attend over the staged tiles, continuing the online softmax in `st`.
+// 1. This warp's partial scores over its group's key dims of staged tile `kt`, into s_part
+// [group][row][key] for the row block's reducers.
+template <class C>
+__device__ __forceinline__ void partial_scores(const AttnState<C>& st, const char* kt, float* s_part,
+                                               const WarpCoords& w) {
+    float s_acc[C::M_TILES][C::BN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+        for (int n = 0; n < C::BN / 8; ++n)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < C::K_STEPS; ++ks) {
+        if (!has_step<C>(w.group, ks)) continue;  // warp-uniform
+#pragma unroll
+        for (int key0 = 0; key0 < C::BN; key0 += C::K_BLOCK) {
+            unsigned kb[C::K_BLOCK / 8][2];
+            key_fragments<C>(kb, kt, key0, key_dim<C>(w.group, ks) * C::KV_ELEM, w.lane);
+#pragma unroll
+            for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+                for (int n = 0; n < C::K_BLOCK / 8; ++n)
+                    mma<C>(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+        for (int n = 0; n < C::BN / 8; ++n) {
+            const float* a = s_acc[mt][n];
+            const int r = w.wrow0 + mt * 16 + w.g, c = n * 8 + 2 * w.q4;
+            float* dst = s_part + (w.group * C::BM + r) * C::S_STRIDE + c;
+            *reinterpret_cast<float2*>(dst) = make_float2(a[0], a[1]);
+            *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2], a[3]);
+        }
+}
+
+// 2. Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
+// softmax (base 2), its probabilities into P and the row's rescale factor alpha.
+template <class C, class Visible>
+__device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, int tile, int num_keys,
+                                             const Visible& visible, const WarpCoords& w) {
+    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
+    const int red_row = w.red_row, red_col0 = w.red_col0;
+    float s[C::RED_COLS];
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
+#pragma unroll
+    for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
+        const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
+#pragma unroll
+        for (int c = 0; c < C::RED_COLS; c += 2) {
+            const float2 v = *reinterpret_cast<const float2*>(part + c);
+            s[c] += v.x; s[c + 1] += v.y;
+        }
+    }
+    float tile_max = neg_inf();
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        const int key = tile * C::BN + red_col0 + c;
+        s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
+        tile_max = fmaxf(tile_max, s[c]);
+    }
+    // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
+    // and the reduction across the row's reducers is skipped.
+    if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
+#pragma unroll
+        for (int off = 1; off < C::RED_THREADS; off *= 2)
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    }
+    const SoftmaxStep step = online_softmax_step(st.row_max, tile_max);
+    float p[C::RED_COLS], tile_sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        p[c] = exp2_fast(s[c] - step.ref);
+        tile_sum += p[c];
+    }
+    st.row_sum = st.row_sum * step.alpha + tile_sum;
+    char* p_smem = smem + C::P_OFF;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
+    if (threadIdx.x % C::RED_THREADS == 0) reinterpret_cast<float*>(smem + C::ALPHA_OFF)[red_row] = step.alpha;
+}
+
+// 3. Rescale this warp's output rows by their alpha and add P·V for its value columns. Once the
+// running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
+template <class C>
+__device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, const char* kt, const WarpCoords& w) {
+    const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF);
+#pragma unroll
+    for (int mt = 0; mt < C::M_TILES; ++mt) {
+        const float a_lo = alpha_smem[w.wrow0 + mt * 16 + w.g], a_hi = alpha_smem[w.wrow0 + mt * 16 + w.g + 8];
+        if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
+#pragma unroll
+        for (int n = 0; n < C::DV_G / 8; ++n) {
+            st.o_acc[mt][n][0] *= a_lo; st.o_acc[mt][n][1] *= a_lo;
+            st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
+        }
+    }
+    pv_tile<C>(st, smem + C::P_OFF, kt, w);
+}
+
+// Compute warps: attend over the staged tiles, continuing the online softmax in `st`. Per tile:
+// partial scores, then (the row block's warps in step) softmax, then P·V.
 template <class C, class Visible>
 __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int num_keys, Visible visible,
                                               int tile_begin, int tile_end) {
     float* s_part = reinterpret_cast<float*>(smem + C::S_OFF);
-    char* p_smem = smem + C::P_OFF;
-    float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
     const WarpCoords w = WarpCoords::of<C>();
-    const int lane = w.lane, group = w.group, wrow0 = w.wrow0, g = w.g, q4 = w.q4;
-    const int red_row = w.red_row, red_col0 = w.red_col0;
     // This warp's row block: the DIM_GROUPS warps whose partial scores and probabilities it shares.
-    const int block_bar = C::ROW_BLOCK_BAR0 + wrow0 / C::WARP_ROWS;
+    const int block_bar = C::ROW_BLOCK_BAR0 + w.wrow0 / C::WARP_ROWS;
 
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
-        const int stage = st.ring_pos % C::STAGES;
-        mbar_wait(ring_full<C>(smem, stage), (st.ring_pos / C::STAGES) & 1);
+        const int stage = ring_wait_full<C>(smem, st.ring_pos);
         const char* kt = smem + stage * C::BN * C::KV_STRIDE;
-
-        // 1. Partial scores over this group's key dims.
-        float s_acc[C::M_TILES][C::BN / 8][4];
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int n = 0; n < C::BN / 8; ++n)
-#pragma unroll
-                for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < C::K_STEPS; ++ks) {
-            if (!has_step<C>(group, ks)) continue;  // warp-uniform
-#pragma unroll
-            for (int key0 = 0; key0 < C::BN; key0 += C::K_BLOCK) {
-                unsigned kb[C::K_BLOCK / 8][2];
-                key_fragments<C>(kb, kt, key0, key_dim<C>(group, ks) * C::KV_ELEM, lane);
-#pragma unroll
-                for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-                    for (int n = 0; n < C::K_BLOCK / 8; ++n)
-                        mma<C>(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int n = 0; n < C::BN / 8; ++n) {
-                const float* a = s_acc[mt][n];
-                const int r = wrow0 + mt * 16 + g, c = n * 8 + 2 * q4;
-                float* dst = s_part + (group * C::BM + r) * C::S_STRIDE + c;
-                *reinterpret_cast<float2*>(dst) = make_float2(a[0], a[1]);
-                *reinterpret_cast<float2*>(dst + 8 * C::S_STRIDE) = make_float2(a[2], a[3]);
-            }
+        partial_scores<C>(st, kt, s_part, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-        // 2. Sum the partials, online softmax (base 2), probabilities to shared memory.
-        {
-            float s[C::RED_COLS];
-#pragma unroll
-            for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
-#pragma unroll
-            for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
-                const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
-#pragma unroll
-                for (int c = 0; c < C::RED_COLS; c += 2) {
-                    const float2 v = *reinterpret_cast<const float2*>(part + c);
-                    s[c] += v.x; s[c + 1] += v.y;
-                }
-            }
-            float tile_max = neg_inf();
-#pragma unroll
-            for (int c = 0; c < C::RED_COLS; ++c) {
-                const int key = tile * C::BN + red_col0 + c;
-                s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
-                tile_max = fmaxf(tile_max, s[c]);
-            }
-            // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
-            // and the reduction across the row's reducers is skipped.
-            if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
-#pragma unroll
-                for (int off = 1; off < C::RED_THREADS; off *= 2)
-                    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-            }
-            const float new_max = fmaxf(st.row_max, tile_max);
-            const float ref = new_max == neg_inf() ? 0.f : new_max;  // a row that saw nothing yet
-            const float alpha = exp2_fast(st.row_max - ref);
-            float p[C::RED_COLS], tile_sum = 0.f;
-#pragma unroll
-            for (int c = 0; c < C::RED_COLS; ++c) {
-                p[c] = exp2_fast(s[c] - ref);
-                tile_sum += p[c];
-            }
-            st.row_sum = st.row_sum * alpha + tile_sum;
-            st.row_max = new_max;
-#pragma unroll
-            for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
-            if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[red_row] = alpha;
-        }
+        softmax_tile<C>(smem, st, tile, num_keys, visible, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-
-        // 3. Rescale this warp's output rows and add P @ V for its value columns. Once the
-        // running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt) {
-            const float a_lo = alpha_smem[wrow0 + mt * 16 + g], a_hi = alpha_smem[wrow0 + mt * 16 + g + 8];
-            if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
-#pragma unroll
-            for (int n = 0; n < C::DV_G / 8; ++n) {
-                st.o_acc[mt][n][0] *= a_lo; st.o_acc[mt][n][1] *= a_lo;
-                st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
-            }
-        }
-        pv_tile<C>(st, p_smem, kt, w);
+        rescale_and_pv<C>(smem, st, kt, w);
         mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage
     }
 }
@@ -530,9 +533,8 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
 #pragma unroll
     for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
     if (threadIdx.x % C::RED_THREADS == 0) {
-        const bool empty = row_sum == 0.f;
-        inv_l_smem[w.red_row] = empty ? 0.f : st.out_scale / row_sum;
-        part_lse[w.red_row] = empty ? neg_inf() : (st.row_max + __log2f(row_sum)) * LN2;
+        inv_l_smem[w.red_row] = row_inv_l(row_sum, st.out_scale);
+        part_lse[w.red_row] = row_lse(st.row_max, row_sum);
     }
     named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
 #pragma unroll

@@ -17,6 +17,14 @@ struct ItemRows {
     int rows;         // rows of the request from row0 on (> BM: the tile is full)
 };
 
+// The schedule's scratch lies in shared memory the design does not use before its first tile.
+template <class C>
+__device__ __forceinline__ char* schedule_scratch(char* smem) {
+    static_assert(C::SCRATCH_OFF % 8 == 0 && C::SCRATCH_OFF + SCHEDULE_SCRATCH_BYTES <= C::SMEM_BYTES,
+                  "the schedule's scratch fits the design's shared memory");
+    return smem + C::SCRATCH_OFF;
+}
+
 template <class C>
 __device__ __forceinline__ ItemRows item_rows(const ScheduleArgs& schedule, const WorkItem& item) {
     const int qo0 = schedule.qo_indptr[item.b], tokens = schedule.qo_indptr[item.b + 1] - qo0;
@@ -41,7 +49,7 @@ __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, cons
                                                  const ScheduleArgs& schedule, float* part_o, float* part_lse,
                                                  long long num_slots, const char* k_tree,
                                                  const RequestMask& request_mask, float scale_log2) {
-    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, smem + C::SCRATCH_OFF);
+    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
     const int page0 = kv_indptr[item.b], prefix_len = max(schedule.kv_lens[item.b], 0);
@@ -70,7 +78,7 @@ template <class C, int MASK_WORDS, class RequestMask>
 __device__ __forceinline__ void tree_attention(char* smem, const bf16* q, const char* k_tree, float kv_scale,
                                                const RequestMask& request_mask, const ScheduleArgs& schedule,
                                                float* part_o, float* part_lse, float scale_log2) {
-    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, smem + C::SCRATCH_OFF);
+    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
     attend<C>(smem, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2, kv_scale,

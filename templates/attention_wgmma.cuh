@@ -9,7 +9,7 @@
 // - Three warpgroups: a producer stages KV tiles with cp.async into a STAGES-deep ring, already in
 //   the 128-byte-swizzled layout wgmma reads (9 column blocks of 64 dims, BN rows each); two
 //   consumers split the work by dims. Consumer c takes Q's k-steps 2j + c (16 dims each): the first
-//   WG_Q_REG_STEPS from registers (A operand), the rest from a swizzled copy of Q's last dims in
+//   Q_REG_STEPS from registers (A operand), the rest from a swizzled copy of Q's last dims in
 //   shared memory, and holds O's value dims [c*DV/2, (c+1)*DV/2) as its accumulator. Interleaved
 //   k-steps keep each consumer's descriptors a constant apart.
 // - Per tile each consumer computes a partial score S_c = Q_c K_c^T (m64n32 wgmmas), the two
@@ -23,44 +23,40 @@
 //   serializes the wgmmas. Q's smem part costs 2 KB of shared-memory reads per k-step and tile.
 #pragma once
 #include "kgen/rows.cuh"
-#include "kgen/wgmma.cuh"
+#include "kgen/wgmma_ptx.cuh"
 
 namespace kgen {
 
-template <int HEADS_, int D_, int DV_, int BN_, int STAGES_>
-struct WgmmaAttnConfig {
+// Layout: the CTA's shared memory (bytes from a 1024-aligned base), rendered by
+// kgen/designs/wgmma.py (the planner's budget): the ring of STAGES tiles of STAGE_BYTES (D/64
+// swizzled column blocks of SLAB bytes), Q's dims from Q_SMEM_DIM0 on at Q_SMEM_OFF (column blocks of
+// Q_SLAB bytes; the first Q_REG_STEPS k-steps of each consumer stay in registers), the partial-score
+// exchange at X_OFF ([tile parity][consumer][BM * BN] fp32), the barriers at BAR_OFF, ALIGN_SLACK to
+// align the base up, SMEM_BYTES in all, and SCRATCH_OFF: the schedule's scratch (free until the
+// first tile).
+template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, class Layout>
+struct WgmmaAttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
     static constexpr int KV_ELEM = 2;         // bf16 KV
     static constexpr int THREADS = 3 * 128;   // producer warpgroup, two consumer warpgroups
     static constexpr int CONSUMER_WARPS = 8;
-    static constexpr int WG_Q_REG_STEPS = 12;    // k16 steps of QK per consumer with Q in registers
+    using Layout::Q_REG_STEPS, Layout::Q_SMEM_DIM0, Layout::SLAB, Layout::STAGE_BYTES;
     static constexpr int WG_K_STEPS = D / 32;    // all of a consumer's k16 steps (the rest: Q in smem)
-    static constexpr int Q_SMEM_DIM0 = 2 * WG_Q_REG_STEPS * 16;  // Q's dims from here on live in smem
     static constexpr int WG_DV = DV / 2;       // value dims per consumer
     static constexpr int ROW_CHUNKS = D * 2 / 16;  // 16-byte chunks per KV row
     static constexpr int ROW_THREADS = 128 / BN;   // producer threads per staged row
-    // Shared memory (bytes from a 1024-aligned base): the ring, Q's dims from Q_SMEM_DIM0 on (swizzled
-    // 64-dim column blocks of BM rows), the partial-score exchange [tile parity][consumer][BM * BN fp32],
-    // the barriers. ALIGN_SLACK lets the kernel align the dynamic shared memory base up;
-    // plan.WgmmaTiles.smem_bytes mirrors this layout.
-    static constexpr int SLAB = BN * 128;  // one 64-dim column block of a staged tile
-    static constexpr int STAGE_BYTES = (D / 64) * SLAB;
-    static constexpr int Q_SMEM_OFF = STAGES * STAGE_BYTES;
-    static constexpr int Q_SLAB = BM * 128;
-    static constexpr int X_OFF = Q_SMEM_OFF + ((D - Q_SMEM_DIM0) / 64) * Q_SLAB;
     static constexpr int X_FLOATS = BM * BN;  // one consumer's partial scores of a tile
-    static constexpr int BAR_OFF = X_OFF + 4 * X_FLOATS * 4;
-    static constexpr int SCRATCH_OFF = X_OFF;  // the schedule's scratch: free until the first tile
-    static constexpr int ALIGN_SLACK = 1024;
-    static constexpr int SMEM_BYTES = BAR_OFF + 2 * STAGES * 8 + ALIGN_SLACK;
     static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // 128 * 24 + 256 * 240 <= 384 * 168
     static constexpr int EXCHANGE_BAR = 1;  // named barrier of the 256 consumer threads
 
     static_assert(D % 64 == 0 && DV % 64 == 0 && WG_DV == 256, "the loop is written for 64-dim column blocks and m64n256 P·V");
     static_assert(BN == 32, "QK uses m64n32k16 wgmmas");
     static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0, "producer layout");
-    static_assert(STAGE_BYTES % 1024 == 0, "swizzled tiles start 1024-byte aligned");
-    static_assert(Q_SMEM_DIM0 % 64 == 0 && Q_SMEM_DIM0 < D, "Q's smem part is whole column blocks");
+    static_assert(SLAB == BN * 128 && STAGE_BYTES == (D / 64) * SLAB && STAGE_BYTES % 1024 == 0,
+                  "swizzled tiles of 128-byte rows start 1024-byte aligned");
+    static_assert(Q_SMEM_DIM0 == 2 * Q_REG_STEPS * 16 && Q_SMEM_DIM0 % 64 == 0 && Q_SMEM_DIM0 < D,
+                  "Q's smem part is whole column blocks after the register k-steps");
+    static_assert(Layout::SMEM_BYTES >= Layout::BAR_OFF + 2 * STAGES * 8 + 1023, "barriers and alignment slack fit");
 };
 
 // The ring's barriers (rows.cuh): "full" completes when every producer thread's copies of a stage
@@ -77,8 +73,7 @@ __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys
     for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
         const PendingRow cur = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, row, num_keys, keys);
-        const int stage = ring_pos % C::STAGES, fill = ring_pos / C::STAGES;
-        if (fill > 0) mbar_wait(ring_empty<C>(smem, stage), (fill - 1) & 1);
+        const int stage = ring_wait_free<C>(smem, ring_pos);
         const char* src = keys.row(cur.j, cur.fetched);
         char* dst = smem + stage * C::STAGE_BYTES;
 #pragma unroll
@@ -95,7 +90,7 @@ __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys
 // this thread's share of the running sum.
 template <class C>
 struct WgConsumer {
-    unsigned qf[C::WG_Q_REG_STEPS][4];
+    unsigned qf[C::Q_REG_STEPS][4];
     float o[C::WG_DV / 2];
     float row_max[2], row_sum[2];
 };
@@ -127,7 +122,7 @@ __device__ __forceinline__ void wg_begin(char* smem, WgConsumer<C>& st, const QR
     const char* lo = q_rows.row(min(r, num_rows - 1), 0);
     const char* hi = q_rows.row(min(r + 8, num_rows - 1), 0);
 #pragma unroll
-    for (int ks = 0; ks < C::WG_Q_REG_STEPS; ++ks) {
+    for (int ks = 0; ks < C::Q_REG_STEPS; ++ks) {
         const int d = ((2 * ks + w.c) * 16 + 2 * w.t) * 2;  // byte offset in a bf16 row
         st.qf[ks][0] = __ldg(reinterpret_cast<const unsigned*>(lo + d));
         st.qf[ks][1] = __ldg(reinterpret_cast<const unsigned*>(hi + d));
@@ -166,17 +161,16 @@ struct WgDescs {
 template <class C>
 __device__ __forceinline__ void wg_issue_qk(char* smem, const WgConsumer<C>& st, const WgDescs& d, int pos,
                                             float (&s)[16]) {
-    const int stage = pos % C::STAGES;
-    mbar_wait(ring_full<C>(smem, stage), (pos / C::STAGES) & 1);
+    const int stage = ring_wait_full<C>(smem, pos);
     fence_async_shared();
     const unsigned long long k_desc = desc_add(d.k, stage * C::STAGE_BYTES);
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < C::WG_Q_REG_STEPS; ++ks)
+    for (int ks = 0; ks < C::Q_REG_STEPS; ++ks)
         wgmma_m64n32k16(s, st.qf[ks], desc_add(k_desc, k_step_offset(ks, C::SLAB)), ks > 0);
 #pragma unroll
-    for (int ks = C::WG_Q_REG_STEPS; ks < C::WG_K_STEPS; ++ks)
-        wgmma_m64n32k16_ss(s, desc_add(d.q, k_step_offset(ks - C::WG_Q_REG_STEPS, C::Q_SLAB)),
+    for (int ks = C::Q_REG_STEPS; ks < C::WG_K_STEPS; ++ks)
+        wgmma_m64n32k16_ss(s, desc_add(d.q, k_step_offset(ks - C::Q_REG_STEPS, C::Q_SLAB)),
                            desc_add(k_desc, k_step_offset(ks, C::SLAB)), true);
     wgmma_commit();
 }
@@ -238,15 +232,14 @@ __device__ __forceinline__ void wg_softmax(char* smem, WgConsumer<C>& st, int po
                         fmaxf(fmaxf(s[8 + 2 * h], s[9 + 2 * h]), fmaxf(s[12 + 2 * h], s[13 + 2 * h])));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float new_max = fmaxf(st.row_max[h], m * scale_log2);
-        const float ref = new_max == neg_inf() ? 0.f : new_max;  // a row that saw nothing yet
-        alpha[h] = exp2_fast(st.row_max[h] - ref);
-        st.row_max[h] = new_max;
+        const SoftmaxStep step = online_softmax_step(st.row_max[h], m * scale_log2);
+        alpha[h] = step.alpha;
         float p[8];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) p[2 * i + e] = s[4 * i + 2 * h + e] = exp2_fast(fmaf(s[4 * i + 2 * h + e], scale_log2, -ref));
+            for (int e = 0; e < 2; ++e)
+                p[2 * i + e] = s[4 * i + 2 * h + e] = exp2_fast(fmaf(s[4 * i + 2 * h + e], scale_log2, -step.ref));
         st.row_sum[h] = st.row_sum[h] * alpha[h] + (((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7])));
     }
 }
@@ -316,10 +309,9 @@ __device__ __forceinline__ void wg_end(const WgConsumer<C>& st, float* __restric
         float sum = st.row_sum[h];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const bool empty = sum == 0.f;
-        const float inv = empty ? 0.f : 1.f / sum;
+        const float inv = row_inv_l(sum, 1.f);
         const int r = w.warp * 16 + w.g + 8 * h;
-        if (w.c == 0 && w.t == 0) part_lse[r] = empty ? neg_inf() : (st.row_max[h] + __log2f(sum)) * LN2;
+        if (w.c == 0 && w.t == 0) part_lse[r] = row_lse(st.row_max[h], sum);
         float* out = part_o + r * C::DV + w.c * C::WG_DV + 2 * w.t;
 #pragma unroll
         for (int j = 0; j < C::WG_DV / 8; ++j)
@@ -337,10 +329,7 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
                                        float* __restrict__ part_lse) {
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
     if (threadIdx.x == 0) {
-        for (int s = 0; s < C::STAGES; ++s) {
-            mbar_init(ring_full<C>(smem, s), 128);
-            mbar_init(ring_empty<C>(smem, s), C::CONSUMER_WARPS);
-        }
+        ring_init<C>(smem, 128, C::CONSUMER_WARPS);  // every producer thread's copies; every consumer warp
         mbar_init_fence();
     }
     __syncthreads();

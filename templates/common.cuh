@@ -8,6 +8,7 @@ namespace kgen {
 using bf16 = __nv_bfloat16;
 
 constexpr float LN2 = 0.6931471805599453f;
+constexpr float E4M3_MAX = 448.f;  // the largest finite e4m3 value
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

@@ -89,6 +89,55 @@ __device__ __forceinline__ mbarrier* ring_empty(char* smem, int stage) {
     return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + C::STAGES + stage;
 }
 
+// Set up the ring's barriers (one thread): a stage is full after `full_arrivals` producer
+// arrivals (and the bytes they announce), empty after `empty_arrivals` consumer arrivals.
+template <class C>
+__device__ __forceinline__ void ring_init(char* smem, int full_arrivals, int empty_arrivals) {
+    for (int s = 0; s < C::STAGES; ++s) {
+        mbar_init(ring_full<C>(smem, s), full_arrivals);
+        mbar_init(ring_empty<C>(smem, s), empty_arrivals);
+    }
+}
+
+// Producer: wait until the stage of ring position `pos` is free (its previous fill consumed); the stage.
+template <class C>
+__device__ __forceinline__ int ring_wait_free(char* smem, int pos) {
+    const int stage = pos % C::STAGES, fill = pos / C::STAGES;
+    if (fill > 0) mbar_wait(ring_empty<C>(smem, stage), (fill - 1) & 1);
+    return stage;
+}
+
+// Consumer: wait until the tile of ring position `pos` has landed; the stage.
+template <class C>
+__device__ __forceinline__ int ring_wait_full(char* smem, int pos) {
+    const int stage = pos % C::STAGES;
+    mbar_wait(ring_full<C>(smem, stage), (pos / C::STAGES) & 1);
+    return stage;
+}
+
+// One tile of a row's online softmax (base 2): the running max takes in the tile's max logit;
+// alpha rescales what the row summed so far (its O and running sum), and the tile's logits are
+// exponentiated against ref (0 for a row that has seen nothing yet, so no -inf - -inf).
+struct SoftmaxStep {
+    float alpha, ref;
+};
+__device__ __forceinline__ SoftmaxStep online_softmax_step(float& row_max, float tile_max) {
+    const float new_max = fmaxf(row_max, tile_max);
+    const float ref = new_max == neg_inf() ? 0.f : new_max;
+    const float alpha = exp2_fast(row_max - ref);
+    row_max = new_max;
+    return {alpha, ref};
+}
+
+// A row's end from its online softmax: the factor that normalizes its O (out_scale / l; 0 for a
+// row that saw nothing), and its lse in natural log (-inf for such a row).
+__device__ __forceinline__ float row_inv_l(float row_sum, float out_scale) {
+    return row_sum == 0.f ? 0.f : out_scale / row_sum;
+}
+__device__ __forceinline__ float row_lse(float row_max, float row_sum) {
+    return row_sum == 0.f ? neg_inf() : (row_max + __log2f(row_sum)) * LN2;
+}
+
 // Key tiles [tile_begin, tile_end) of a range of num_keys keys, and who sees them.
 template <class Keys, class Visible>
 struct KeyRange {

@@ -74,15 +74,25 @@ struct ScheduleArgs {
     int4* req_meta;
 };
 
-// This CTA's work item. Every thread of the CTA calls it; `scratch` is 400 bytes of shared memory
-// (8-byte aligned) that the caller does not use until the call returns. Not inlined: it runs once
-// per CTA, and out of line its temporaries stay out of the attention loop's register allocation
-// (inlined, the fp8 verify kernel for sm_90 spilled a register at the 168-register cap).
+// The schedule's shared-memory scratch: SCHEDULE_SCRATCH_BYTES at a loop design's SCRATCH_OFF.
+struct ScheduleScratch {
+    int scan[32];                 // block_inclusive_sum's warp totals
+    unsigned long long sums[32];  // block_reduce's per-warp sums of the work
+    int found[4];                 // this CTA's WorkItem (request, row tile, first and end KV tile)
+};
+constexpr int SCHEDULE_SCRATCH_BYTES = sizeof(ScheduleScratch);
+static_assert(SCHEDULE_SCRATCH_BYTES == 400 && alignof(ScheduleScratch) == 8, "the scratch layout");
+
+// This CTA's work item. Every thread of the CTA calls it; `scratch` is SCHEDULE_SCRATCH_BYTES of
+// shared memory (8-byte aligned) that the caller does not use until the call returns. Not inlined:
+// it runs once per CTA, and out of line its temporaries stay out of the attention loop's register
+// allocation (inlined, the fp8 verify kernel for sm_90 spilled a register at the 168-register cap).
 template <int HEADS, int BM, int BN>
 __device__ __noinline__ WorkItem find_work_item(const ScheduleArgs a, void* scratch) {
-    int* scan = static_cast<int*>(scratch);                                        // 32 ints
-    unsigned long long* sums = reinterpret_cast<unsigned long long*>(scan + 32);  // 32 values
-    int* found = scan + 96;  // this CTA's WorkItem
+    ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
+    int* scan = sc->scan;
+    unsigned long long* sums = sc->sums;
+    int* found = sc->found;
     const bool report = a.validate && blockIdx.x == 0;  // one CTA reports bad lengths
     if (threadIdx.x == 0) {
         found[0] = -1;

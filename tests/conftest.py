@@ -20,7 +20,7 @@ import yaml
 
 import kgen
 from kgen.spec import parse_spec
-from kgen.testing import fresh_seed
+from kgen.inputs import fresh_seed
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 SESSION_SEED = int(os.environ.get("KGEN_TEST_SEED") or fresh_seed())

@@ -156,7 +156,7 @@ class Step:
     def __init__(self, harness: Harness, lens: list[int], n: int, gen: torch.Generator, *, chain: bool = False,
                  within: int | None = None):
         from kgen.mask import mask_from_parents, unpack_bits
-        from kgen.testing import tree_parents
+        from kgen.inputs import tree_parents
 
         self.h, self.lens, self.n = harness, list(lens), n
         self.verify = n > 0

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs,
-                          poison_, tolerances)
+from kgen.inputs import TREE_KINDS, Dims, make_verify_inputs, poison_
+from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ from bench import run as bench_run
 from bench.baseline import custom_mask, token_slots
 from kgen import reference
 from kgen.cli import app
-from kgen.testing import make_verify_inputs
+from kgen.inputs import make_verify_inputs
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 

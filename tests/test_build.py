@@ -12,9 +12,13 @@ from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
 from kgen.arch import ArchError
-from kgen.plan import MIN_SPLIT_TILES, AttentionTiles, attention_smem_bytes, plan, work_capacity
+from kgen.designs import MmaSyncTiles
+from kgen.model import Shape, work_items
+from kgen.plan import plan
 from kgen.render import generated_files, render
 from kgen.spec import parse_spec
+
+from schedule_rule import cdiv, schedule_items
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "specs").glob("*.yaml"))
@@ -33,7 +37,7 @@ def test_every_kernel_of_the_sm120_plan_compiles_without_spills(path, arch, cach
     p = plan(kgen.load_spec(path))
     assert p.arch.name == "sm_120" and p.tiles.design == "mma_sync"
     built = build(p, [arch], cache)
-    assert {b.variant.kernel for b in built} == {"prefix_attn", "tree_attn", "lse_merge", "kv_defrag"}
+    assert {b.variant.kernel for b in built} == {"prefix_attn", "verify_attn", "tree_attn", "lse_combine", "lse_merge", "kv_defrag"}
     for b in built:
         assert b.cubin[:4] == b"\x7fELF", b.variant.name
         assert b.report.spill_bytes <= emulated_e4m3_spill_limit(p.spec, arch), (b.variant.name, b.report)
@@ -87,10 +91,10 @@ def test_generated_sources_match_golden(path):
 def test_plan_respects_sm120_budget_and_refuses_overrun():
     spec = kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml")
     p = plan(spec)
-    assert attention_smem_bytes(spec, p.tiles) <= SM120_SMEM
+    assert p.tiles.smem_bytes(spec) <= SM120_SMEM
     assert plan(spec, "sm_90").tiles.design == "wgmma"  # the H200 gets its own loop
-    too_big = AttentionTiles(bm=32, bn=32, warps_m=2, stages=4)
-    assert attention_smem_bytes(spec, too_big) > SM120_SMEM
+    too_big = MmaSyncTiles(bm=32, bn=32, warps_m=2, stages=4)
+    assert too_big.smem_bytes(spec) > SM120_SMEM
     wide = parse_spec({**spec.model_dump(), "model": {**spec.model.model_dump(), "kv_lora_rank": 1024,
                                                        "qk_rope_head_dim": 256}})
     with pytest.raises(PlanError, match=r"allows 101376 B \(over by \d+ B\)"):
@@ -102,12 +106,13 @@ def test_plan_respects_sm120_budget_and_refuses_overrun():
 def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring(name, mma, tag):
     bf16, fp8 = (kgen.load_spec(ROOT / "specs" / f"{n}.yaml") for n in ("glm5_sm120", name))
     p8 = plan(fp8)
-    assert attention_smem_bytes(fp8, p8.tiles) <= SM120_SMEM
+    assert p8.tiles.smem_bytes(fp8) <= SM120_SMEM
     assert p8.tiles.stages == 2 * plan(bf16).tiles.stages == 4  # 592-byte rows instead of 1168
     v = p8.variant("verify_attn")
     src = render(v)
-    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, S row pad
-    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, 8>;" in src
+    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, and the layout: 592-byte KV rows + 16 of padding
+    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, Layout>;" in src
+    assert "static constexpr int KV_STRIDE = 592;" in src
     assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
     assert tag in v.variant_id
 
@@ -128,7 +133,7 @@ def test_rendered_source_injects_plan_values():
     v = p.variant("prefix_attn")
     src = render(v)
     assert f'extern "C" __global__ void __launch_bounds__({v.threads}, {v.min_blocks}) {v.variant_id}(' in src
-    assert "static_assert(Cfg::SMEM_BYTES == 98088" in src and "kgen::prefix_attention<Cfg, 1, false, MASK_WORDS>(" in src
+    assert "static constexpr int SMEM_BYTES = 98088;" in src and "kgen::prefix_attention<Cfg, 1, false, MASK_WORDS>(" in src
     assert v.variant_id.startswith("prefix_attn__h8_d576_ps1_bf16_t64_sm120__")
 
 
@@ -183,30 +188,60 @@ def test_nvrtc_reports_ptxas_usage_on_every_compile_of_a_source(monkeypatch):
     assert reports[0] == reports[1] and reports[0].registers > 0
 
 
-def schedule_items(heads: int, bm: int, bn: int, tokens: list[int], keys: list[int], target: int,
-                   min_splits: int) -> int:
-    """How many work items templates/schedule.cuh hands out (its arithmetic, in Python)."""
-    row_tiles = [-(-t * heads // bm) for t in tokens]
-    kv_tiles = [-(-k // bn) for k in keys]
-    work = sum(m * n for m, n in zip(row_tiles, kv_tiles))
-    chunk = max(MIN_SPLIT_TILES, -(-work // target))
-    return sum(m * max(min_splits, -(-n // chunk)) for m, n in zip(row_tiles, kv_tiles))
-
-
 @pytest.mark.parametrize("path", [ROOT / "specs" / "glm5_sm120.yaml", ROOT / "specs" / "glm5_tp4_sm120.yaml"],
                          ids=lambda p: p.stem)
-def test_the_grid_holds_every_work_item_of_the_schedule(path, seed):
-    """One attention CTA per possible item (work_capacity): a schedule that handed out more would
-    leave rows unattended. Random ragged batches, empty prefixes and trees, long contexts."""
-    p = plan(kgen.load_spec(path))
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+def test_the_grid_holds_every_work_item_and_items_cover_every_tile_once(path, arch, seed):
+    """One attention CTA per possible item (Plan.capacity): a schedule that handed out more would
+    leave rows unattended. The items of each row tile split its KV tiles without gap or overlap, and
+    a call with the tree gives every row tile an item. Random ragged batches, empty prefixes and
+    trees, long contexts."""
+    p = plan(kgen.load_spec(path), arch)
     rng = random.Random(seed)
     heads, bm, bn, nodes = p.spec.model.num_q_heads, p.tiles.bm, p.tiles.bn, p.spec.tree.nodes
-    for _ in range(2000):
+    for _ in range(40):
         batch = rng.choice([1, 2, 3, 8, 31, 64, 257])
         tokens = [rng.choice([0, 1, rng.randint(1, nodes), nodes]) for _ in range(batch)]
         keys = [rng.choice([0, 1, rng.randint(1, 5000), rng.randint(1, 1 << 20)]) for _ in range(batch)]
         target = rng.choice([132, 188])
-        prefix_grid, tree_grid = work_capacity(p, sum(tokens), batch, target)
-        for min_splits in (0, 1):  # prefix_attention, verify_attention
-            assert schedule_items(heads, bm, bn, tokens, keys, target, min_splits) <= prefix_grid
-        assert schedule_items(heads, bm, bn, tokens, [0] * batch, target, 1) <= tree_grid  # tree_attention
+        cap = p.capacity(sum(tokens), batch, target)
+        for min_splits, lens in ((0, keys), (1, keys), (1, [0] * batch)):  # prefix, verify, tree
+            items, _ = schedule_items(heads, bm, bn, tokens, lens, target, min_splits)
+            assert len(items) <= (cap.prefix if any(lens) else cap.tree)
+            ranges = {}
+            for b, r, lo, hi in items:
+                ranges.setdefault((b, r), []).append((lo, hi))
+            for b in range(batch):
+                for r in range(cdiv(tokens[b] * heads, bm)):
+                    got = sorted(ranges.get((b, r), []))
+                    assert got[0][0] == 0 if got else min_splits == 0
+                    assert all(a[1] == c[0] for a, c in zip(got, got[1:]))  # no gap, no overlap
+                    assert got[-1][1] == cdiv(lens[b], bn) if got else lens[b] == 0
+
+
+@pytest.mark.parametrize("T, L, B", [(1, 4096, 1), (1, 131072, 32), (16, 32768, 8), (64, 4096, 32), (16, 0, 1),
+                                     (256, 131072, 1)])
+def test_the_models_schedule_is_the_rule(T, L, B):
+    """kgen.model.work_items (B identical requests) hands out the rule's items: the same count, each
+    with its KV tiles, the tree's tiles on the last split of a verify call, at least one tile."""
+    p = plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"))
+    shape, target = Shape(p.spec.model.num_q_heads, T, L, B), 188
+    modeled, splits = work_items(p, shape, target)
+    items, meta = schedule_items(shape.H, p.tiles.bm, p.tiles.bn, [T] * B, [L] * B, target, 0 if T == 1 else 1)
+    last = {}
+    for b, r, _, e in items:
+        last[b, r] = max(e, last.get((b, r), e))
+    expect = [max(1, e - s + (cdiv(T, p.tiles.bn) if T > 1 and e == last[b, r] else 0)) for b, r, s, e in items]
+    assert [it.tiles for it in modeled] == expect and splits == meta[0][1]
+
+
+def test_a_kernel_compiles_with_and_is_keyed_by_only_the_headers_it_includes(monkeypatch):
+    from kgen import render as rendering
+
+    src = render(plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml")).variant("lse_merge_bf16"))
+    every = rendering.headers()
+    assert set(rendering.included_headers(src)) == {"kgen/common.cuh", "kgen/merge.cuh"}  # merge.cuh includes common
+    monkeypatch.setattr(rendering, "headers", lambda: {**every, "kgen/attention.cuh": "// edited"})
+    assert rendering.included_headers(src) == {k: every[k] for k in ("kgen/common.cuh", "kgen/merge.cuh")}
+    monkeypatch.setattr(rendering, "headers", lambda: {**every, "kgen/common.cuh": "// edited"})
+    assert rendering.included_headers(src)["kgen/common.cuh"] == "// edited"

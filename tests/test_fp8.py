@@ -11,7 +11,7 @@ import torch
 
 import kgen
 from kgen import fp8
-from kgen.testing import make_verify_inputs
+from kgen.inputs import make_verify_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 

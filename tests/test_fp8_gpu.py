@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from kgen import fp8
-from kgen.testing import Dims, assert_close_attention, make_verify_inputs
+from kgen.inputs import Dims, make_verify_inputs
+from kgen.accuracy import assert_close_attention
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from kgen.reference import defrag_ref, merge_states_ref
-from kgen.testing import assert_all_written, assert_close_attention, poison_
+from kgen.inputs import poison_
+from kgen.accuracy import assert_all_written, assert_close_attention
 
 pytestmark = pytest.mark.gpu
 

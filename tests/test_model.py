@@ -14,7 +14,8 @@ from kgen.arch import get_arch
 from kgen.cli import app
 from kgen.model import Calibration, Item, Shape, floor, grid, predict, rank_by_model, simulate
 from kgen.occupancy import occupancy
-from kgen.plan import AttentionTiles, plan
+from kgen.designs import MmaSyncTiles, base
+from kgen.plan import plan
 from kgen.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def test_tile_loop_is_one_tile_of_the_plan(name, arch, mma, per_warp, unpacks):
 def test_shared_wavefronts_of_the_bf16_tile_match_the_v7_count():
     """bench/NOTES.md (ncu of the v12 loop): ~1450 wavefronts of K/V/P fragments and partial
     scores per 32-key tile, plus 36.9 KB of bulk-copy writes."""
-    work = model.mma_sync_rowblocks(plan(spec("glm5_sm120")), get_arch("sm_90"))
+    work = model.tile_work(plan(spec("glm5_sm120")), get_arch("sm_90"))
     lsu = work.smem_wavefronts - work.kv_bytes / 128
     assert work.kv_bytes == 32 * 1152 and 1400 <= lsu <= 1550
     assert work.mma_flops == {"bf16": 8 * 68 * 4096}
@@ -56,12 +57,12 @@ def test_shared_wavefronts_of_the_bf16_tile_match_the_v7_count():
 
 
 def test_wavefront_and_mma_parsing():
-    assert model._mma("HMMA.16816.F32.BF16") == ("bf16", 4096)
-    assert model._mma("QMMA.16832.F32.E4M3.E4M3") == ("e4m3", 8192)
-    assert model._mma("LDSM.16.M88.4") is None
-    assert [model._wavefronts(op) for op in ("LDSM.16.MT88.4", "LDSM.16.M88.2", "LDS.128", "STS.64", "STS.U16",
+    assert base._mma("HMMA.16816.F32.BF16") == ("bf16", 4096)
+    assert base._mma("QMMA.16832.F32.E4M3.E4M3") == ("e4m3", 8192)
+    assert base._mma("LDSM.16.M88.4") is None
+    assert [base._wavefronts(op) for op in ("LDSM.16.MT88.4", "LDSM.16.M88.2", "LDS.128", "STS.64", "STS.U16",
                                             "LDS", "FADD")] == [4, 2, 4, 2, 1, 1, 0]
-    work = model.tile_work_from_loop(Counter({"HMMA.16816.F32": 2, "LDSM.16.M88.4": 1, "F2FP.F16.E4M3.UNPACK_B": 3,
+    work = base.tile_work_from_loop(Counter({"HMMA.16816.F32": 2, "LDSM.16.M88.4": 1, "F2FP.F16.E4M3.UNPACK_B": 3,
                                               "BAR.SYNC.DEFER_BLOCKING": 2}), warps=8, keys=32, kv_bytes=256)
     assert work.mma_flops == {"f16": 8 * 2 * 4096} and work.smem_wavefronts == 8 * 4 + 2
     assert work.convert_lanes == 8 * 32 * 3 and work.barriers == 2 and work.issue == 2 * 8
@@ -106,10 +107,10 @@ def test_predictions_name_what_binds_and_rank_tilings():
     assert predict(glm5, Shape(8, 16, 4096, 1), "sm_120", cal=CAL).binding == "per-call"
     e4m3 = predict(spec("glm5_fp8_mma_e4m3_sm120"), MAIN, "sm_120", cal=CAL)
     assert e4m3.us < main.us and e4m3.pipes["tensor"] == pytest.approx(8 * 36 * 8192 / 2048, rel=0.01)  # QMMA: 2x
-    ranked = rank_by_model(glm5, "sm_120", [AttentionTiles(32, 32, 2, 2), AttentionTiles(32, 16, 2, 4),
-                                            AttentionTiles(32, 32, 2, 4)], shapes=[MAIN])
+    ranked = rank_by_model(glm5, "sm_120", [MmaSyncTiles(32, 32, 2, 2), MmaSyncTiles(32, 16, 2, 4),
+                                            MmaSyncTiles(32, 32, 2, 4)], shapes=[MAIN])
     # 4 stages of 32 bf16 rows need more than sm_120's 99 KB: not a candidate there
-    assert {t for t, _ in ranked} == {AttentionTiles(32, 32, 2, 2), AttentionTiles(32, 16, 2, 4)}
+    assert {t for t, _ in ranked} == {MmaSyncTiles(32, 32, 2, 2), MmaSyncTiles(32, 16, 2, 4)}
     assert ranked[0][1] <= ranked[1][1]
 
 

@@ -13,7 +13,7 @@ import kgen
 from bench import peers
 from bench import run as bench_run
 from kgen import reference
-from kgen.testing import make_verify_inputs
+from kgen.inputs import make_verify_inputs
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 

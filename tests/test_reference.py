@@ -13,8 +13,8 @@ import torch
 from kgen import fp8
 from kgen import reference as ref
 from kgen.mask import mask_from_dense, mask_from_parents, mask_from_sglang, static_mask_words, unpack_bits
-from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs,
-                          poison_, tree_parents)
+from kgen.inputs import TREE_KINDS, Dims, make_verify_inputs, poison_, tree_parents
+from kgen.accuracy import assert_all_written, assert_close_attention
 
 # Small dims keep the CPU tests fast; 40 nodes span two mask words.
 DIMS = Dims(num_heads=3, head_dim=64, value_dim=48, scale=0.2, max_nodes=40)
@@ -261,7 +261,7 @@ def test_defrag_cycle_rotates_and_duplicate_destinations_are_rejected():
         ref.defrag_ref(cache, torch.tensor([0, 1]), torch.tensor([2, 2]))
 
 
-# ---- kgen.testing --------------------------------------------------------------------------------
+# ---- kgen.inputs, kgen.accuracy---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 def test_verify_inputs_scatter_pages_and_poison_unused_slots(seed, page_size):

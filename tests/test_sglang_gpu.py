@@ -30,9 +30,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kgen.integrations.sglang import KgenMLA
+from kgen.integrations.sglang_mla import KgenMLA
 from kgen.reference import prefix_attention_ref
-from kgen.testing import FP8_O_TOL
+from kgen.accuracy import FP8_O_TOL
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))

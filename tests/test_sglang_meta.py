@@ -18,10 +18,10 @@ import torch
 
 import kgen
 from kgen import fp8
-from kgen.integrations.sglang import KgenMLA
+from kgen.integrations.sglang_mla import KgenMLA
 from kgen.mask import mask_from_parents, unpack_bits
 from kgen.reference import verify_attention_ref
-from kgen.testing import tree_parents
+from kgen.inputs import tree_parents
 
 MAX_CTX = 4096  # the model's context length: req_to_token's width
 SPEC = Path(__file__).resolve().parents[1] / "specs" / "glm5_sm120.yaml"

@@ -18,13 +18,17 @@ import torch
 
 import kgen
 from kgen import fp8
-from kgen.ops import MIN_SPLIT_TILES, ZERO_LENS, Module
-from kgen.plan import plan, work_capacity
+from kgen.arch import Target, get_arch
+from kgen.choice import PlanChoice
+from kgen.device import ZERO_LENS, DeviceState
+from kgen.loading import LoadedPlans
+from kgen.ops import Module
+from kgen.plan import plan
 from kgen.runtime import Kernel
+from kgen.splitkv import MIN_SPLIT_TILES
 from kgen.signature import Param, ParamLayout
 from kgen.step import workspace_layout
-from kgen.tuning import tiles_text
-from kgen.testing import make_verify_inputs
+from kgen.inputs import make_verify_inputs
 
 from conftest import spec_named
 from test_attention_gpu import BAD_INPUTS, OP_ARGS
@@ -53,17 +57,16 @@ class RecordingKernel:
 
 
 def stub_module(spec_name: str = "glm5_sm120", sm_count: int = 132) -> Module:
-    """A Module on the CPU whose kernels record their launches in mod.launches."""
-    mod = Module.__new__(Module)
-    mod.spec = spec_named(spec_name)
-    mod.plan = plan(mod.spec)
-    mod.device, mod.sm_count = torch.device("cpu"), sm_count
-    mod.launches = []
-    mod.k = {v.name: RecordingKernel(v, mod.launches) for v in mod.plan.variants}
-    mod.table, mod.plans, mod._kernels = None, {tiles_text(mod.plan.tiles): mod.plan}, {tiles_text(mod.plan.tiles): mod.k}
-    mod.stream = lambda: None
-    mod.error_flag = torch.zeros(1, dtype=torch.int32)
-    mod._zeros = torch.zeros(ZERO_LENS, dtype=torch.int32)
+    """A Module on the CPU (the sm_120 plan, as on an H200 of `sm_count` SMs) whose kernels record
+    their launches in mod.launches; mod.k: its kernels by name, mod.state: its device state."""
+    spec = spec_named(spec_name)
+    p = plan(spec)
+    launches = []
+    k = {v.name: RecordingKernel(v, launches) for v in p.variants}
+    target = Target(p.arch, get_arch("sm_90"), sm_count)
+    state = DeviceState(torch.device("cpu"), stream=lambda: None)
+    mod = Module.of(LoadedPlans(spec, target, {p.tiles: p}, {p.tiles: k}), PlanChoice(p.tiles), state)
+    mod.launches, mod.k, mod.state = launches, k, state
     return mod
 
 
@@ -75,21 +78,30 @@ def ptr(t) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+def expected_grids(p, x, target: int) -> tuple[int, int]:
+    """The attention grids of a batch, by the rule kgen/splitkv.py states (not by calling it): one
+    wave of `target` CTAs plus one per row tile a request can start (ceil(sum T * H / BM) + B) for a
+    call with a prefix; a tree-only call has one item per row tile."""
+    tokens, batch = x.q.shape[0], x.qo_indptr.numel() - 1
+    row_tiles = (tokens * p.spec.model.num_q_heads + p.tiles.bm - 1) // p.tiles.bm + batch
+    return target + row_tiles, row_tiles
+
+
 def expected_launches(mod, x, op: str, out, lse, workspace: int, *, step_has_prefix: bool, layer=None):
     """The launches of one call, from DESIGN §5 and the kernels' C signatures: `x` holds the
     batch, `layer` (default x) the layer's q, kv_cache and k_tree; `workspace` is its address."""
     layer = layer or x
     tokens, batch = x.q.shape[0], x.qo_indptr.numel() - 1
-    target = mod.sm_count * mod.plan.tiles.min_blocks
-    prefix_grid, tree_grid = work_capacity(mod.plan, tokens, batch, target)
-    off_lse, off_meta, _ = workspace_layout(mod, mod.plan, prefix_grid if step_has_prefix else tree_grid, batch)
+    target = mod.target.sm_count * mod.plan.tiles.min_blocks
+    prefix_grid, tree_grid = expected_grids(mod.plan, x, target)
+    off_lse, off_meta, _ = workspace_layout(mod.plan, prefix_grid if step_has_prefix else tree_grid, batch)
     scratch = dict(part_o=workspace, part_lse=workspace + off_lse)
     attn = dict(q=ptr(layer.q), kv_scale=1.0, qo_indptr=ptr(x.qo_indptr), batch=batch, target_ctas=target,
                 min_split_tiles=MIN_SPLIT_TILES, min_splits=int(op != "prefix"),
                 max_nodes=mod.spec.tree.nodes if op != "prefix" else tokens, total_tokens=tokens, validate=0,
-                error_flag=ptr(mod.error_flag), req_meta=workspace + off_meta, **scratch)
+                error_flag=ptr(mod.state.error_flag), req_meta=workspace + off_meta, **scratch)
     if op == "tree":
-        attn.update(kv_lens=ptr(mod._zeros))
+        attn.update(kv_lens=ptr(mod.state.zero_lens(batch)))
     else:
         attn.update(kv_lens=ptr(x.kv_lens), kv_cache=ptr(layer.kv_cache), kv_indptr=ptr(x.kv_indptr),
                     kv_indices=ptr(x.kv_indices), num_slots=layer.kv_cache.shape[0])
@@ -142,10 +154,8 @@ def test_param_layout_rejects_missing_unexpected_overflowing_and_tensor_scalars(
 
 def test_kernel_launch_passes_the_block_address_as_kernel_params():
     calls = []
-    kernel = Kernel.__new__(Kernel)
-    kernel.variant = plan(spec_named("glm5_sm120")).variant("lse_combine")
-    kernel._func, kernel._threads, kernel._smem = "func", 128, 0
-    kernel._launch = lambda *args: calls.append(args) or (0,)
+    kernel = Kernel(plan(spec_named("glm5_sm120")).variant("lse_combine"), "func", stream=lambda: None,
+                    launch=lambda *args: calls.append(args) or (0,))
     block = ParamLayout(kernel.variant.params).pack(part_o=1, part_lse=2, qo_indptr=3, req_meta=4, batch=5, o=6, lse=7)
     kernel.launch(40, block, "stream")
     assert calls == [("func", 40, 1, 1, 128, 1, 1, 0, "stream", block.address, 0)]
@@ -199,7 +209,7 @@ def test_one_step_runs_verify_prefix_and_tree():
 def test_tree_calls_read_zero_prefix_lengths():
     mod = stub_module()
     x = inputs(mod)
-    mod._zeros.fill_(0)
+    mod.state.zero_lens(3).fill_(0)
     mod.tree_attention(*x.tree_args())
     kv_lens = mod.launches[0][3]["kv_lens"]
     assert ctypes.string_at(kv_lens, 4 * 3) == bytes(12)
@@ -252,8 +262,8 @@ def test_validate_mode_raises_what_the_device_reported(monkeypatch):
     monkeypatch.setenv("KGEN_VALIDATE", "1")
     mod = stub_module()
     x = inputs(mod)
-    mod.error_flag.fill_(7)
-    mod.k["verify_attn"].launch = lambda *a: mod.error_flag.fill_(2)  # a page outside kv_cache
+    mod.state.error_flag.fill_(7)
+    mod.k["verify_attn"].launch = lambda *a: mod.state.error_flag.fill_(2)  # a page outside kv_cache
     with pytest.raises(ValueError, match=r"\bkv_indices\b"):
         mod.verify_attention(*x.verify_args())
     mod.k["verify_attn"].launch = lambda *a: None
@@ -353,7 +363,8 @@ def test_the_zero_lengths_buffer_grows_for_big_tree_only_batches(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     x = inputs(mod, [1] * (ZERO_LENS + 1), [0] * (ZERO_LENS + 1))
     mod.tree_attention(*x.tree_args())
-    assert mod._zeros.numel() > ZERO_LENS and mod.launches[0][3]["kv_lens"] == mod._zeros.data_ptr()
+    zeros = mod.state.zero_lens(ZERO_LENS + 1)
+    assert zeros.numel() > ZERO_LENS and mod.launches[0][3]["kv_lens"] == zeros.data_ptr()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
-        mod.zero_lens(10 * ZERO_LENS)
+        mod.state.zero_lens(10 * ZERO_LENS)

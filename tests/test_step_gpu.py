@@ -14,8 +14,8 @@ import torch
 
 from kgen.timing import capture
 from kgen import fp8
-from kgen.testing import (TREE_KINDS, Dims, assert_all_written, assert_close_attention, make_verify_inputs, poison_,
-                          tolerances)
+from kgen.inputs import TREE_KINDS, Dims, make_verify_inputs, poison_
+from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
 
 from test_attention_gpu import generator, load
 
@@ -149,3 +149,29 @@ def test_steps_can_share_one_workspace(module_for, cuda, seed):
         for i, (step, x) in enumerate(zip(steps, batches)):
             o, lse = step.verify(x.q, x.kv_cache, x.k_tree)
             assert_close_attention(o, lse, *x.verify_ref(), what=f"step {i} on the shared workspace")
+
+
+def test_the_device_schedule_hands_out_the_rules_work_items(module_for, cuda, seed):
+    """Every attention CTA finds its work item on the device, and CTA 0 writes each request's
+    req_meta (first item, splits, 0, row tiles), which the combine reads: it must be the schedule's
+    rule (tests/schedule_rule.py) for ragged batches, empty prefixes and long ones, in all three calls."""
+    from schedule_rule import schedule_items
+
+    mod = module_for("glm5_sm120")
+    rng, g = random.Random(seed), generator(cuda, seed)
+    for _ in range(4):
+        batch = rng.choice([1, 3, 8, 31])
+        sizes = [rng.randint(1, mod.spec.tree.nodes) for _ in range(batch)]
+        lens = [rng.choice([0, 1, rng.randint(2, 5000), rng.randint(5000, 70000)]) for _ in range(batch)]
+        x = make_verify_inputs(mod.spec, sizes, lens, device=cuda, generator=g)
+        step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)
+        offset = step.req_meta - step.workspace.data_ptr()
+        for call, min_splits, keys in ((lambda: step.verify(x.q, x.kv_cache, x.k_tree), 1, lens),
+                                       (lambda: step.prefix(x.q, x.kv_cache), 0, lens),
+                                       (lambda: step.tree(x.q, x.k_tree), 1, [0] * batch)):
+            step.workspace[offset:offset + 16 * batch].fill_(0xFF)
+            call()
+            meta = step.workspace[offset:offset + 16 * batch].view(torch.int32).view(batch, 4).cpu()
+            _, expect = schedule_items(mod.spec.model.num_q_heads, step.plan.tiles.bm, step.plan.tiles.bn, sizes,
+                                       keys, step.target_ctas, min_splits)
+            assert meta[:, [0, 1, 3]].tolist() == [list(m) for m in expect], (sizes, lens, min_splits)

@@ -11,9 +11,11 @@ import pytest
 import kgen
 from kgen import tuning
 from kgen.arch import get_arch
-from kgen.plan import AttentionTiles, WgmmaTiles, choose_attention_tiles
+from kgen.choice import PlanChoice
+from kgen import designs
+from kgen.designs import MmaSyncTiles, WgmmaTiles
 from kgen.spec import parse_spec
-from kgen.tuning import Bucket, Choice, Table, TuningError, decide, find_table, parse_tiles, tiles_text
+from kgen.tuning import Bucket, Choice, Table, TuningError, decide, find_table, parse_tiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,17 +52,19 @@ def test_every_bucket_has_a_representative_shape_within_the_tree(spec):
 
 
 def test_tiles_text_round_trips_and_bad_text_names_the_forms():
-    for t in (WgmmaTiles(), WgmmaTiles(stages=3), AttentionTiles(32, 32, 2, 4, 1)):
-        assert parse_tiles(tiles_text(t)) == t
-    with pytest.raises(TuningError, match="wgmma:BN,STAGES,MIN_BLOCKS"):
-        parse_tiles("wgmma:32")
+    for t in (WgmmaTiles(), WgmmaTiles(stages=3), MmaSyncTiles(32, 32, 2, 4, 1)):
+        assert parse_tiles(designs.text(t)) == t
+    assert designs.text(MmaSyncTiles(32, 16, 2, 4, 1)) == "mma_sync:32,16,2,4,1"  # the tables' form
+    for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2"):
+        with pytest.raises(TuningError, match="wgmma:BN,STAGES,MIN_BLOCKS or mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS"):
+            parse_tiles(bad)
 
 
 def test_candidates_fit_the_arch(spec):
     sm90 = tuning.candidates(spec, get_arch("sm_90"))
-    assert WgmmaTiles(stages=4) in sm90 and AttentionTiles(32, 32, 2, 4, 1) in sm90
+    assert WgmmaTiles(stages=4) in sm90 and MmaSyncTiles(32, 32, 2, 4, 1) in sm90
     sm120 = tuning.candidates(spec, get_arch("sm_120"))  # 99 KB: no 4-stage ring of 32-row tiles
-    assert sm120 == [AttentionTiles(32, 32, 2, 2, 1), AttentionTiles(32, 16, 2, 4, 1)]
+    assert sm120 == [MmaSyncTiles(32, 32, 2, 2, 1), MmaSyncTiles(32, 16, 2, 4, 1)]
 
 
 def test_tune_for_an_arch_that_is_not_here_ranks_by_the_model():
@@ -85,7 +89,7 @@ def test_a_rerun_changes_a_choice_only_past_the_noise():
 def test_tables_are_keyed_by_spec_content_arch_and_version(spec, user_tables):
     t = table(spec, **{"small/1/short": "mma_sync:32,32,2,4,1"})
     t.save(user_tables / tuning.table_name(spec, "sm_90"))
-    assert find_table(spec, "sm_90").tiles_for(Bucket("small", "1", "short")) == AttentionTiles(32, 32, 2, 4, 1)
+    assert find_table(spec, "sm_90").tiles_for(Bucket("small", "1", "short")) == MmaSyncTiles(32, 32, 2, 4, 1)
     assert find_table(spec, "sm_90").tiles_for(Bucket("mid", "1", "long")) is None  # heuristic there
     assert find_table(spec, "sm_120") is None
     other = parse_spec({**spec.model_dump(), "model": {**spec.model.model_dump(), "softmax_scale": 0.07}})
@@ -117,20 +121,12 @@ def test_a_corrupt_table_is_an_error_that_names_it(spec, user_tables):
         find_table(spec, "sm_90")
 
 
-def test_a_module_runs_the_bucket_choice_else_the_heuristic(spec, user_tables):
-    """Module.plan_for without a GPU: a Module shell with the table's plans (no kernels loaded)."""
-    from kgen.ops import Module
-    from kgen.plan import plan
-
+def test_a_batch_runs_its_bucket_choice_else_the_heuristic(spec, user_tables):
     arch = get_arch("sm_90")
-    mod = Module.__new__(Module)
-    mod.plan = plan(spec, arch)
-    mod.table = table(spec, **{"decode/9+/long": "mma_sync:32,32,2,4,1"})
-    mod.plans = {tiles_text(mod.plan.tiles): mod.plan}
-    for c in mod.table.choices.values():
-        mod.plans[tiles_text(c.tiles)] = plan(spec, arch, tiles=c.tiles)
-    mod._kernels = {text: {} for text in mod.plans}
-    assert mod.plan_for(32, 32, 32 * 32768)[0].tiles == AttentionTiles(32, 32, 2, 4, 1)
-    assert mod.plan_for(16, 1, 131072)[0].tiles == choose_attention_tiles(spec, arch) == WgmmaTiles()
-    mod.table = None
-    assert mod.plan_for(32, 32, 32 * 32768)[0] is mod.plan
+    choice = PlanChoice(designs.choose(spec, arch), table(spec, **{"decode/9+/long": "mma_sync:32,32,2,4,1"}))
+    assert choice.tilings() == [WgmmaTiles(), MmaSyncTiles(32, 32, 2, 4, 1)]
+    assert choice.tiles_for(32, 32, 32 * 32768) == MmaSyncTiles(32, 32, 2, 4, 1)
+    assert choice.tiles_for(16, 1, 131072) == WgmmaTiles()  # a bucket the table leaves out
+    assert PlanChoice.find(spec, arch) == PlanChoice(WgmmaTiles(), find_table(spec, "sm_90"))  # the shipped table
+    forced = PlanChoice.find(spec, arch, MmaSyncTiles(32, 16, 2, 4))
+    assert forced.table is None and forced.tiles_for(32, 32, 32 * 32768) == MmaSyncTiles(32, 16, 2, 4)

@@ -4,8 +4,22 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, true, 8>;
-static_assert(Cfg::SMEM_BYTES == 98120, "plan and kernel disagree on shared memory");
+// Shared memory of the mma.sync loop (kgen/designs/mma_sync.py): offsets and sizes in bytes.
+struct Layout {
+    static constexpr int KV_STRIDE = 592;
+    static constexpr int Q_STRIDE = 1168;
+    static constexpr int S_STRIDE = 40;
+    static constexpr int P_STRIDE = 48;
+    static constexpr int RING_BYTES = 75776;
+    static constexpr int S_OFF = 75776;
+    static constexpr int P_OFF = 96256;
+    static constexpr int ALPHA_OFF = 97792;
+    static constexpr int INV_L_OFF = 97920;
+    static constexpr int BAR_OFF = 98048;
+    static constexpr int SMEM_BYTES = 98120;
+    static constexpr int SCRATCH_OFF = 75776;
+};
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, true, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
@@ -17,7 +31,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_e4m3_t64_sm120__5f4eaad79a92(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_e4m3_t64_sm120__9984aca255fe(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

@@ -4,13 +4,27 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, false, 8>;
-static_assert(Cfg::SMEM_BYTES == 99144, "plan and kernel disagree on shared memory");
+// Shared memory of the mma.sync loop (kgen/designs/mma_sync.py): offsets and sizes in bytes.
+struct Layout {
+    static constexpr int KV_STRIDE = 592;
+    static constexpr int Q_STRIDE = 1168;
+    static constexpr int S_STRIDE = 40;
+    static constexpr int P_STRIDE = 80;
+    static constexpr int RING_BYTES = 75776;
+    static constexpr int S_OFF = 75776;
+    static constexpr int P_OFF = 96256;
+    static constexpr int ALPHA_OFF = 98816;
+    static constexpr int INV_L_OFF = 98944;
+    static constexpr int BAR_OFF = 99072;
+    static constexpr int SMEM_BYTES = 99144;
+    static constexpr int SCRATCH_OFF = 75776;
+};
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, false, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__99d9865b0671(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__e883475cd90b(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

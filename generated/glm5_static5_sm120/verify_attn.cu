@@ -4,8 +4,22 @@
 #include "kgen/attention.cuh"
 #include "kgen/attention_kernels.cuh"
 
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, 8>;
-static_assert(Cfg::SMEM_BYTES == 98088, "plan and kernel disagree on shared memory");
+// Shared memory of the mma.sync loop (kgen/designs/mma_sync.py): offsets and sizes in bytes.
+struct Layout {
+    static constexpr int KV_STRIDE = 1168;
+    static constexpr int Q_STRIDE = 1168;
+    static constexpr int S_STRIDE = 40;
+    static constexpr int P_STRIDE = 80;
+    static constexpr int RING_BYTES = 74752;
+    static constexpr int S_OFF = 74752;
+    static constexpr int P_OFF = 95232;
+    static constexpr int ALPHA_OFF = 97792;
+    static constexpr int INV_L_OFF = 97920;
+    static constexpr int BAR_OFF = 98048;
+    static constexpr int SMEM_BYTES = 98088;
+    static constexpr int SCRATCH_OFF = 74752;
+};
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 1;
 // The spec's static tree, compiled in: row i holds the nodes token i sees.
@@ -19,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_st5_sm120__388b3f308478(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_st5_sm120__f0f201d4dde0(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -16,11 +16,11 @@ passes and why it is off.
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
 
+from .. import env
 from . import sglang_compat as compat
 from .defrag_planner import Defragmenter, DefragStats, Settings
 
@@ -29,7 +29,7 @@ _HOOKS: "weakref.WeakSet" = weakref.WeakSet()  # every runner's _Hook (each runn
 
 
 def enabled() -> bool:
-    return os.environ.get("KGEN_DEFRAG", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return env.flag("KGEN_DEFRAG")
 
 
 def install() -> None:
@@ -55,11 +55,9 @@ def before_forward(runner, forward_batch, *args, **kwargs) -> None:
 
 def blocker(runner) -> str:
     """Why defrag must not run on this runner ("" when it may)."""
-    from .sglang import backend_class
-
     compat.check_instance(runner, "ModelRunner", defrag=True)
     backend = runner.attn_backend
-    if not isinstance(backend, backend_class()):
+    if not getattr(type(backend), "is_kgen_backend", False):  # set by kgen.integrations.sglang's backend class
         return "the runner's attention backend is not kgen (defrag needs --attention-backend kgen)"
     if backend.kgen is None:
         return f"kgen does not serve this model ({backend.kgen_off_reason})"
@@ -113,10 +111,10 @@ class _Hook:
     def __init__(self, runner):
         self.runner = runner
         self.defragmenter = Defragmenter(Settings(
-            threshold=float(os.environ.get("KGEN_DEFRAG_THRESHOLD", 0.25)),
-            min_tokens=max(2, int(os.environ.get("KGEN_DEFRAG_MIN_TOKENS", 256))),
-            max_tokens=int(os.environ.get("KGEN_DEFRAG_MAX_TOKENS", 1 << 20))))
-        self.interval = max(1, int(os.environ.get("KGEN_DEFRAG_INTERVAL", 256)))
+            threshold=env.number("KGEN_DEFRAG_THRESHOLD", 0.25),
+            min_tokens=max(2, env.integer("KGEN_DEFRAG_MIN_TOKENS", 256)),
+            max_tokens=env.integer("KGEN_DEFRAG_MAX_TOKENS", 1 << 20)))
+        self.interval = max(1, env.integer("KGEN_DEFRAG_INTERVAL", 256))
         self.steps = 0
         self.defragmenter.stats = DefragStats(disabled=blocker(runner))
 

@@ -1,0 +1,112 @@
+"""The mma.sync loop (templates/attention.cuh): sm_120's design, also run on the H200 for tests.
+
+BM packed (token, head) rows per CTA; WARPS_M row blocks of DIM_GROUPS warps that split the key
+and value dims; one producer warp stages BN-row KV tiles into a STAGES-deep ring with bulk copies.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .. import kvrows
+from ..arch import Arch
+from ..errors import PlanError
+from ..spec import Spec
+from .base import Design, TileWork, check, render_config, tile_work_from_loop
+
+DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
+ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix bank conflicts
+S_ROW_PAD = 8  # fp32 padding per partial-score row: a half-warp's float2 stores hit 32 banks
+P_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}  # bytes per staged probability, by MMA type (spec.cache.mma_type)
+
+
+@dataclass(frozen=True)
+class MmaSyncTiles:
+    bm: int  # packed (token, head) rows per CTA
+    bn: int  # KV rows per pipeline stage
+    warps_m: int  # warps along rows; DIM_GROUPS warps along dims
+    stages: int
+    min_blocks: int = 1  # CTAs per SM the plan is built for (__launch_bounds__ minimum)
+
+    design: ClassVar[str] = "mma_sync"
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.warps_m * DIM_GROUPS + 1)  # compute warps and one producer warp
+
+    def layout(self, spec: Spec) -> dict[str, int]:
+        """Shared memory of one attention CTA (bytes), as AttnConfig reads it: the KV ring (Q is
+        staged through it once), the partial scores of each dim group, the probabilities, each row's
+        rescale factor and final 1/l, and the mbarriers (full and empty per stage, one for Q)."""
+        elem, d = kvrows.elem_bytes(spec), spec.model.head_dim
+        k_step = 32 // elem  # dims of one MMA k-step
+        q_stride = d * 2 + ROW_PAD  # bf16 Q rows
+        kv_stride = d * elem + ROW_PAD
+        ring = self.stages * self.bn * kv_stride
+        check(not (self.bm % 16 or self.bm % self.warps_m or (self.bm // self.warps_m) % 16 or self.bn % 16
+                   or self.bn % k_step or self.bm * q_stride > ring),
+              f"attention tiles {self}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
+              f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
+              f"and Q ({self.bm * q_stride} B) within the KV staging buffers ({ring} B)")
+        s_stride = self.bn + S_ROW_PAD  # floats
+        p_stride = self.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD
+        s_off = ring
+        p_off = s_off + DIM_GROUPS * self.bm * s_stride * 4
+        alpha_off = p_off + self.bm * p_stride
+        inv_l_off = alpha_off + self.bm * 4
+        bar_off = inv_l_off + self.bm * 4
+        return {"KV_STRIDE": kv_stride, "Q_STRIDE": q_stride, "S_STRIDE": s_stride, "P_STRIDE": p_stride,
+                "RING_BYTES": ring, "S_OFF": s_off, "P_OFF": p_off, "ALPHA_OFF": alpha_off, "INV_L_OFF": inv_l_off,
+                "BAR_OFF": bar_off, "SMEM_BYTES": bar_off + (2 * self.stages + 1) * 8,
+                "SCRATCH_OFF": s_off}  # the schedule's scratch: the partial scores are free until the first tile
+
+    def smem_bytes(self, spec: Spec) -> int:
+        return self.layout(spec)["SMEM_BYTES"]
+
+    def config(self, spec: Spec) -> str:
+        """The C++ Config (`Cfg`) the kernel is instantiated with, and the layout it reads."""
+        m = spec.model
+        fp8 = "true" if spec.cache.kv_dtype == "float8_e4m3fn" else "false"
+        e4m3 = "true" if spec.cache.mma_type == "e4m3" else "false"
+        return render_config("the mma.sync loop (kgen/designs/mma_sync.py)", self.layout(spec),
+                             f"kgen::AttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bm}, {self.bn}, "
+                             f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, Layout>")
+
+    def describe(self) -> str:
+        return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "
+                f"{self.warps_m}x{DIM_GROUPS} compute warps + 1 producer warp, {self.stages} stages")
+
+
+class MmaSync(Design):
+    name = "mma_sync"
+    header = "attention.cuh"
+    tiles = MmaSyncTiles
+    requires = ()
+    sass_expect = ("MMA", "UBLKCP")  # tensor-core MMAs fed by bulk copies
+    modeled = True
+
+    def choose(self, spec: Spec, arch: Arch) -> MmaSyncTiles:
+        """The deepest KV ring of 32x32 tiles that fits shared memory per block."""
+        for stages in (4, 3, 2):
+            t = MmaSyncTiles(bm=32, bn=32, warps_m=2, stages=stages)
+            if t.smem_bytes(spec) <= arch.smem_per_block:
+                return t
+        need = t.smem_bytes(spec)
+        raise PlanError(
+            f"{spec.name}: attention needs {need} B of shared memory per block with the smallest "
+            f"tiles (BM={t.bm}, BN={t.bn}, 2 stages) but {arch.name} allows {arch.smem_per_block} B "
+            f"(over by {need - arch.smem_per_block} B)"
+        )
+
+    def candidates(self, spec: Spec, arch: Arch) -> list[MmaSyncTiles]:
+        """A shallow and a deep ring, and half-height KV tiles."""
+        return [MmaSyncTiles(32, 32, 2, s) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4)]
+
+    def tile_work(self, spec: Spec, tiles: MmaSyncTiles, loop: Counter) -> TileWork:
+        """The compute warps run the loop; a tile stages BN rows."""
+        return tile_work_from_loop(loop, tiles.warps_m * DIM_GROUPS, tiles.bn, tiles.bn * kvrows.row_bytes(spec))
+
+
+DESIGN = MmaSync()

@@ -1,0 +1,160 @@
+"""The kernel registry: every kernel of a plan, how it is planned (template, typed parameters,
+constants, launch shape), what its grid is, how its argument block is assembled, and the op that
+launches it. Adding a kernel is an entry here and a template; ops and steps launch entries,
+never kernel names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import kvrows
+from .splitkv import MIN_SPLIT_TILES, Capacity, ceil_div
+from .variant import BF16, PlanContext, Variant, params
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    name: str  # Variant.kernel of its variants
+    op: str  # the Module method (and torch.ops.kgen op) that launches it
+    planner: Callable[[PlanContext], list[Variant]] | None = None
+
+    def variants(self, c: PlanContext) -> list[Variant]:
+        """The entry's variants in a plan."""
+        return self.planner(c)
+
+
+# ---- attention: one entry per half of a verify call, and verify itself --------------------------
+
+# Every attention CTA finds its own split-KV work item (templates/schedule.cuh).
+SCHEDULE_PARAMS = ("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens", "int batch",
+                   "int target_ctas", "int min_split_tiles", "int min_splits", "int max_nodes", "int total_tokens",
+                   "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta")
+
+
+@dataclass(frozen=True)
+class AttentionEntry(KernelEntry):
+    """An attention kernel: which halves of a step it reads, its grid and its argument block."""
+
+    prefix: bool = False  # reads the paged prefix: kv_cache, kv_indptr, kv_indices, kv_lens
+    tree: bool = False  # reads the tree tokens: k_tree, tree_mask
+
+    def grid(self, capacity: Capacity) -> int:
+        """One CTA per work item the schedule can hand out (splitkv.work_capacity); CTAs past
+        the last item return at once."""
+        return capacity.prefix if self.prefix else capacity.tree
+
+    def step_args(self, step) -> dict[str, object]:
+        """The argument block but the per-layer values (q, kv_cache, num_slots, k_tree, kv_scale),
+        from a prepared step (kgen/step.py). A call with the tree gives every request at least one
+        split: verify's tree rides on each row tile's last split, tree-only has one item per row
+        tile (every kv_len 0); a tree-only call reads zero prefix lengths."""
+        args = dict(q=None, kv_scale=1.0, qo_indptr=step.qo_indptr, batch=step.batch, target_ctas=step.target_ctas,
+                    min_split_tiles=MIN_SPLIT_TILES, min_splits=int(self.tree),
+                    max_nodes=step.max_nodes if self.tree else step.num_tokens, total_tokens=step.num_tokens,
+                    validate=int(step.validate), error_flag=step.error_flag, req_meta=step.req_meta,
+                    part_o=step.part_o, part_lse=step.part_lse)
+        if self.prefix:
+            args.update(kv_lens=step.kv_lens, kv_cache=None, kv_indptr=step.kv_indptr, kv_indices=step.kv_indices,
+                        num_slots=0)
+        else:
+            args.update(kv_lens=step.zero_lens)
+        if self.tree:
+            args.update(k_tree=None, tree_mask=step.tree_mask)
+        return args
+
+    def variants(self, c: PlanContext) -> list[Variant]:
+        kv = kvrows.ctype(c.spec)
+        q, out = f"const {BF16}* __restrict__ q", ("float* __restrict__ part_o", "float* __restrict__ part_lse")
+        k_tree, mask = f"const {kv}* __restrict__ k_tree", "const int* __restrict__ tree_mask"
+        if not self.prefix:  # tree_attn: a request's tree tokens against each other under the mask
+            decls = (q, k_tree, "float kv_scale", mask, *SCHEDULE_PARAMS, *out)
+            return [c.attention(self.name, "tree_attn.cu.j2", c.tree_constants, decls)]
+        # prefix_attn, and verify_attn (which also takes each request's tree in its last split)
+        decls = (q, f"const {kv}* __restrict__ kv_cache", "float kv_scale", "const int* __restrict__ kv_indptr",
+                 "const int* __restrict__ kv_indices", *SCHEDULE_PARAMS, *out, "long long num_slots",
+                 *((k_tree, mask) if self.tree else ()))
+        constants = {"PAGE_SIZE": c.spec.cache.page_size, "FUSE_TREE": self.tree,
+                     **(c.tree_constants if self.tree else {})}
+        return [c.attention(self.name, "prefix_attn.cu.j2", constants, decls)]
+
+
+PREFIX = AttentionEntry("prefix_attn", "prefix_attention", prefix=True)
+VERIFY = AttentionEntry("verify_attn", "verify_attention", prefix=True, tree=True)
+TREE = AttentionEntry("tree_attn", "tree_attention", tree=True)
+
+
+# ---- the combine: an attention call's second launch ----------------------------------------------
+
+@dataclass(frozen=True)
+class CombineEntry(KernelEntry):
+    def grid(self, rows: int) -> int:
+        """One CTA per output row (token, head): it merges that row's split partial states."""
+        return rows
+
+    def step_args(self, step) -> dict[str, object]:
+        """The argument block but the outputs (o, lse: per layer call)."""
+        return dict(part_o=step.part_o, part_lse=step.part_lse, qo_indptr=step.qo_indptr, req_meta=step.req_meta,
+                    batch=step.batch, o=None, lse=None)
+
+
+def _lse_combine(c: PlanContext) -> list[Variant]:
+    """Merges an attention call's split partials (BM rows each) into o and lse."""
+    m = c.spec.model
+    return [Variant(kernel="lse_combine", name="lse_combine", template="lse_combine.cu.j2",
+                    threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
+                    constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": c.tiles.bm},
+                    params=params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
+                                  "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
+                                  "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
+                    tag=c.tag)]
+
+
+COMBINE = CombineEntry("lse_combine", "verify_attention, prefix_attention, tree_attention", _lse_combine)
+
+
+# ---- merge_states and defrag: grid-stride kernels --------------------------------------------------
+
+MERGE_CTAS_PER_SM = 16  # a grid-stride loop: at most a few waves of CTAs, each then strides on
+DEFRAG_CTAS_PER_SM = 8
+
+
+@dataclass(frozen=True)
+class GridStrideEntry(KernelEntry):
+    ctas_per_sm: int = 1
+
+    def grid(self, work: int, threads: int, sm_count: int) -> int:
+        """One thread per unit of `work` (an 8-wide vector, a 16-byte chunk), at most ctas_per_sm
+        CTAs per SM: the kernel loops over the rest."""
+        return min(ceil_div(work, threads), sm_count * self.ctas_per_sm)
+
+
+def _lse_merge(c: PlanContext) -> list[Variant]:
+    """merge_states of bf16 or fp32 states (templates/merge.cuh)."""
+    return [Variant(kernel="lse_merge", name=f"lse_merge_{dtype}", template="lse_merge.cu.j2",
+                    threads=256, smem_bytes=0, min_blocks=4, constants={"T": ctype, "VEC": 8},
+                    params=params(f"const {ctype}* __restrict__ o_a", "const float* __restrict__ lse_a",
+                                  f"const {ctype}* __restrict__ o_b", "const float* __restrict__ lse_b",
+                                  f"{ctype}* __restrict__ o", "float* __restrict__ lse", "long long rows",
+                                  "int width"),
+                    tag=c.tag)
+            for dtype, ctype in (("bf16", BF16), ("f32", "float"))]
+
+
+def _kv_defrag(c: PlanContext) -> list[Variant]:
+    """Moves KV rows between slots in every layer (templates/defrag.cuh)."""
+    return [Variant(kernel="kv_defrag", name="kv_defrag", template="kv_defrag.cu.j2",
+                    threads=256, smem_bytes=0, min_blocks=4, constants={},
+                    params=params("const long long* __restrict__ layers", "const long long* __restrict__ src",
+                                  "const long long* __restrict__ dst", "const unsigned char* __restrict__ is_dst",
+                                  "uint4* __restrict__ staging", "long long n", "int num_layers", "int row_chunks",
+                                  "int phase"),
+                    tag=c.tag)]
+
+
+MERGE = GridStrideEntry("lse_merge", "merge_states", _lse_merge, ctas_per_sm=MERGE_CTAS_PER_SM)
+DEFRAG = GridStrideEntry("kv_defrag", "defrag", _kv_defrag, ctas_per_sm=DEFRAG_CTAS_PER_SM)
+
+# The registry, in the order of a plan's variants (and generated/ manifests).
+ENTRIES: tuple[KernelEntry, ...] = (MERGE, DEFRAG, PREFIX, VERIFY, TREE, COMBINE)

@@ -1,0 +1,84 @@
+"""The performance model's schedule (kgen/model.py): the split-KV work items of a call of B identical
+requests, as templates/schedule.cuh hands them out, and the fluid simulation of their CTAs on the
+GPU's slots."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from . import kvrows
+from .plan import Plan
+from .splitkv import MIN_SPLIT_TILES, ceil_div
+
+
+@dataclass(frozen=True)
+class Shape:
+    H: int
+    T: int  # tree tokens per request; 1 = decode (prefix_attention alone)
+    L: int  # prefix tokens per request
+    B: int
+    page_size: int = 1
+
+    @property
+    def decode(self) -> bool:
+        return self.T == 1
+
+
+@dataclass(frozen=True)
+class Item:
+    tiles: int  # KV tiles: prefix, then (verify, last split) the tree's
+    dram_bytes: float  # bytes from DRAM per tile, averaged over the item's tiles
+
+
+def work_items(p: Plan, shape: Shape, target_ctas: int) -> tuple[list[Item], int]:
+    """The schedule of templates/schedule.cuh for B identical requests: the work items in CTA
+    order, and the splits (partial states) of each row."""
+    bm, bn = p.tiles.bm, p.tiles.bn
+    row_tiles, kv_tiles = ceil_div(shape.T * shape.H, bm), ceil_div(shape.L, bn)
+    chunk = max(MIN_SPLIT_TILES, ceil_div(shape.B * row_tiles * kv_tiles, target_ctas))
+    splits = max(0 if shape.decode else 1, ceil_div(kv_tiles, chunk))
+    tile_bytes = bn * kvrows.row_bytes(p.spec)
+    request = []
+    for s in range(splits):
+        prefix = min(kv_tiles, (s + 1) * chunk) - s * chunk
+        tree = ceil_div(shape.T, bn) if not shape.decode and s == splits - 1 else 0
+        tiles = max(1, prefix + tree)  # an empty split still runs its startup and writes a state
+        # the request's row tiles run side by side (row tile fastest) and read the chunk once
+        request += [Item(tiles, prefix * tile_bytes / row_tiles / tiles)] * row_tiles
+    return request * shape.B, splits
+
+
+def simulate(items: list[Item], slots: int, compute_us: float, dram_bytes_per_us: float,
+             startup_us: float) -> tuple[float, float]:
+    """(makespan, time the tiles were DRAM-bound) of the items on `slots` CTA slots, in order.
+    Running CTAs in their tile phase advance one tile per max(compute_us, their DRAM bytes per
+    tile / dram_bytes_per_us): a shared progress clock (tiles done by any of them) keeps it
+    O(items log items). compute_us includes the ring's latency bound."""
+    now = progress = dram_bound = 0.0
+    starting: list[tuple[float, int]] = []  # (time its startup ends, item)
+    running: list[tuple[float, int]] = []  # (progress at which its tiles are done, item)
+    demand = 0.0  # DRAM bytes per tile of the running CTAs
+    queue = iter(range(len(items)))
+    for _ in range(min(slots, len(items))):
+        heapq.heappush(starting, (startup_us, next(queue)))
+    while starting or running:
+        tile_us = max(compute_us, demand / dram_bytes_per_us)
+        to_start = starting[0][0] - now if starting else math.inf
+        to_done = (running[0][0] - progress) * tile_us if running else math.inf
+        dt = min(to_start, to_done)
+        now += dt
+        progress += dt / tile_us
+        if running and tile_us > compute_us:
+            dram_bound += dt
+        if to_start <= to_done:
+            _, i = heapq.heappop(starting)
+            heapq.heappush(running, (progress + items[i].tiles, i))
+            demand += items[i].dram_bytes
+            continue
+        _, i = heapq.heappop(running)
+        demand -= items[i].dram_bytes
+        if (j := next(queue, None)) is not None:
+            heapq.heappush(starting, (now + startup_us, j))
+    return now, dram_bound
