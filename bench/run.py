@@ -415,6 +415,10 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
         raise BenchError(str(e)) from None
     if base.tree.is_static:
         raise BenchError(f"{spec_path}: the benchmark varies the tree size; give a dynamic-tree spec (max_nodes)")
+    try:
+        peer_mod.parse_peers(peers, plan_arch or "")  # a bad name is an error before the GPU is looked for
+    except ValueError as e:
+        raise BenchError(str(e)) from None
     if not torch.cuda.is_available():
         raise BenchError("kgen bench needs a CUDA GPU (torch.cuda.is_available() is False)")
     page = page_size or base.cache.page_size
@@ -424,10 +428,7 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
                   batches=batches, decode=decode, shapes=shapes)
     major, minor = torch.cuda.get_device_capability(device)
     arch = plan_arch or f"sm_{major}{minor}"
-    try:
-        wanted = peer_mod.parse_peers(peers, arch)
-    except ValueError as e:
-        raise BenchError(str(e)) from None
+    wanted = peer_mod.parse_peers(peers, arch)
 
     console.print(f"[bold]kgen bench[/bold] {base.name} on {props.name} ({props.multi_processor_count} SMs), "
                   f"{len(shapes)} shapes, page size {page}, {'CUDA-graph replay' if graph else 'eager'} timing")

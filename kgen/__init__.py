@@ -1,7 +1,12 @@
 """kgen: generated CUDA kernels for MLA speculative-decoding tree verification."""
 
+import sys
+
 from .spec import Spec, load_spec
 from .version import __version__
+
+if "torch" in sys.modules:  # a torch user: define torch.ops.kgen.* now (the CLI, which needs no torch, stays fast)
+    from . import library  # noqa: F401
 
 
 def jit(spec, *, device=None, tiles=None, arch=None):

@@ -9,7 +9,7 @@ from typing import Callable
 from . import nvrtc, sass
 from .cache import Entry, KernelCache, cache_key
 from .arch import nvrtc_arch
-from .errors import CompileError
+from .errors import CacheMissError, CompileError
 from .occupancy import Occupancy, occupancy
 from .plan import Plan
 from .render import included_headers, render
@@ -105,7 +105,11 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool
             "stack_bytes": r.stack_bytes, "static_smem": r.static_smem, "log": out.log,
         }
 
-    entry, status = cache.get_or_build(key, compile_)
+    try:
+        entry, status = cache.get_or_build(key, compile_)
+    except CacheMissError as e:  # name the kernel, not its hash
+        raise CacheMissError(f"kernel {variant.name} ({variant.tag}) for {arch} is {e}; build it first "
+                             f"(kgen build SPEC --arch {arch}, same KGEN_CACHE_DIR) or unset KGEN_DISABLE_JIT") from None
     m = entry.meta
     report = nvrtc.ResourceReport(registers=m["registers"], spill_stores=m["spill_stores"],
                                   spill_loads=m["spill_loads"], stack_bytes=m["stack_bytes"],
@@ -122,7 +126,10 @@ def build(plan: Plan, archs: list[str], cache: KernelCache | None = None,
     built = []
     for arch in archs:
         for variant in plan.variants:
-            b = build_variant(variant, arch, cache, inspect)
+            try:
+                b = build_variant(variant, arch, cache, inspect)
+            except CacheMissError as e:
+                raise CacheMissError(f"spec {plan.spec.name}: {e}") from None
             built.append(b)
             if on_done:
                 on_done(b)

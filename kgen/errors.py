@@ -23,3 +23,11 @@ class CacheMissError(KgenError, RuntimeError):
 
 class CudaError(KgenError, RuntimeError):
     """A CUDA driver call failed."""
+
+
+class CacheError(KgenError, OSError):
+    """The kernel cache directory cannot be used (not a directory, not writable)."""
+
+
+class CacheWarning(UserWarning):
+    """Something in the kernel cache was repaired (a damaged entry removed and rebuilt)."""

@@ -7,10 +7,14 @@ runs on the Module that kgen.jit(spec) registered for that name on the input's d
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .ops import Module
 from .spec import Spec
+
+if TYPE_CHECKING:  # importing the ops (driver API, NVRTC) is not needed to define the custom ops
+    from .ops import Module
 
 _specs: dict[str, Spec] = {}
 _modules: dict[tuple[str, int], Module] = {}

@@ -1,82 +1,204 @@
-"""The tables the kgen command line prints (kgen/cli.py): the build report, the tiling per shape
-bucket, the modeled times, and the model's ranking of candidate tilings."""
+"""The tables the kgen command line prints (kgen/cli.py), 80 columns wide without cutting a number or a name.
+
+Every table here is built from rows of plain values, the same rows `--json` prints, so what a
+table shows and what the JSON holds cannot drift apart. A table wider than the terminal is never
+cut: `kgen build --wide` says what it needs and prints each kernel as a block of lines instead.
+"""
 
 from __future__ import annotations
+
+from collections import Counter
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from . import designs, sass
-from .arch import get_arch
-from .model import modeled, rank_by_model, validation
-from .tuning import buckets, candidates
-from .version import __version__
+from .model import modeled, rank_by_model
+from .plan import plan
+from .tuning import candidates, find_table
+
+TILES_LEGEND = ("tiling: mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS = packed (token, head) rows per tile, KV rows "
+                "per tile, compute warps along the rows, KV ring stages, CTAs per SM the kernel is built for; "
+                "wgmma:BN,STAGES,MIN_BLOCKS = the same for sm_90's wgmma loop (64 rows per tile)")
 
 
-def build_table(rows: list[dict], title: str, wide: bool) -> Table:
-    """The build report: at 80 columns every kernel's name, arch, registers, spills, shared memory,
-    CTAs/SM, cubin size and status; --wide adds the rest of the row."""
-    cols = ["kernel", "arch", *(["variant id"] if wide else []), "regs", "spill", "smem", "CTA/SM",
-            *(["limit", "SASS"] if wide else []), "cubin", "status", *(["s"] if wide else [])]
-    table = Table(title=title, caption="spill, smem, cubin: bytes" + ("" if wide else "; --wide for more"),
-                  box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("kernel", "arch", "variant id", "limit", "SASS", "status")
-                         else "right", no_wrap=col not in ("variant id", "SASS"))
-    for r in rows:
-        cells = {"kernel": r["kernel"], "arch": r["arch"], "variant id": r["variant_id"], "regs": r["registers"],
-                 "spill": r["spill_bytes"], "smem": r["smem_bytes"], "CTA/SM": r["occupancy"]["ctas_per_sm"],
-                 "limit": r["limit"], "SASS": sass.summary(r["sass"]), "cubin": r["cubin_bytes"],
-                 "status": r["status"], "s": f"{r['seconds']:.2f}"}
-        table.add_row(*(str(cells[c]) for c in cols))
-    return table
+def table(columns: list[str], rows: list[list[object]], left: tuple[str, ...] = (), wrap: tuple[str, ...] = ()) -> Table:
+    """A borderless table: names left, numbers right; cells never cut (`wrap` columns wrap at spaces)."""
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=col not in wrap,
+                     overflow="fold")
+    for row in rows:
+        t.add_row(*("" if c is None else str(c) for c in row))
+    return t
 
 
-def print_buckets(console: Console, table, p) -> None:
-    """Which tiling each shape bucket runs, and why."""
-    if table is None:
-        console.print(f"shape buckets: no tuned table for this spec, {p.arch.name} and kgen {__version__}: every bucket "
-                      f"runs the heuristic plan above (kgen tune writes one)", highlight=False, markup=False)
-        return
-    t = Table(title=f"tiling per shape bucket (tuned table {table.path}, {table.device})")
-    for col in ("bucket (tree/batch/context)", "runs", "µs", "heuristic µs", "noise"):
-        t.add_column(col, justify="left" if col in ("bucket (tree/batch/context)", "runs") else "right")
-    for b in buckets():
-        c = table.choices.get(b.key)
-        if c is None:
-            t.add_row(b.key, f"heuristic ({designs.text(p.tiles)}): not tuned", "", "", "")
+def needed_width(console: Console, renderable) -> int:
+    """Columns `renderable` takes unwrapped (a measurement is otherwise capped at the terminal's width)."""
+    return console.measure(renderable, options=console.options.update_width(10_000)).maximum
+
+
+def human_bytes(n: int) -> str:
+    """1234567 -> "1.2 MB" (powers of 1000, as disks and `du --si` count)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def wrap_pairs(text: str, width: int) -> list[str]:
+    """Lines of at most `width` from "NAME COUNT NAME COUNT ..." (sass.summary), never parting a count from its name."""
+    words = text.split()
+    pairs = [" ".join(words[i:i + 2]) for i in range(0, len(words), 2)]
+    lines: list[str] = []
+    for pair in pairs:
+        if lines and len(lines[-1]) + 1 + len(pair) <= width:
+            lines[-1] += " " + pair
         else:
-            t.add_row(b.key, designs.text(c.tiles), f"{c.us:.1f}", f"{c.default_us:.1f}", f"{100 * c.noise:.1f}%")
-    console.print(t)
+            lines.append(pair)
+    return lines
 
 
-def print_model(console: Console, modeled: list) -> None:
-    a = get_arch("sm_120")
-    console.print(f"[bold]MODEL, not a measurement[/bold]: {a.name} time from the SASS of the tile loop and the "
-                  f"arch's rates ({a.sm_count} SMs at {a.clock_ghz} GHz, {a.dram_gbps:.0f} GB/s), per-call terms "
-                  f"fitted on the H200 (kgen/model.py); {validation()}. Floor = max(bytes / {a.dram_gbps:.0f} GB/s, "
-                  f"FLOPs / the MMA rate), FLOPs = 2·ΣT·H·(L+T)·(D+Dv).", highlight=False)
-    table = Table(title=f"modeled {a.name} time (model)")
-    for col in ("H", "T", "L", "B", "page", "MB read", "GFLOP", "floor us", "model us", "% of floor", "binding"):
-        table.add_column(col, justify="left" if col == "binding" else "right")
-    for m in modeled:
-        s, f = m.shape, m.floor
-        table.add_row(str(s.H), str(s.T), str(s.L), str(s.B), str(s.page_size), f"{f.bytes / 1e6:.1f}",
-                      f"{f.flops / 1e9:.1f}", f"{f.us:.1f}", f"{m.us:.1f}", f"{m.pct_floor:.1f}", m.binding)
-    console.print(table)
+# ---- kgen build ----
+
+BUILD_COLUMNS = ("kernel", "arch", "regs", "spill", "smem", "CTA/SM", "cubin", "status")
+WIDE_COLUMNS = ("kernel", "arch", "variant id", "regs", "spill", "smem", "CTA/SM", "limit", "SASS", "cubin",
+                "status", "s")
 
 
-def print_model_ranking(console: Console, spec, a) -> None:
-    """kgen tune --arch for an arch that is not here: the candidates ranked by the model."""
-    tried = [t for t in candidates(spec, a) if modeled(t)]
-    ranked = rank_by_model(spec, a, tried)
-    console.print(f"[bold]MODEL, not a measurement[/bold]: no {a.name} GPU here, so the candidate tilings are "
-                  f"ranked by the performance model (kgen/model.py; {validation()}) over the benchmark grid; "
-                  f"no table is written.", highlight=False)
-    t = Table(title=f"{spec.name} on {a.name} (model)")
-    for col in ("rank", "tiling", "modeled µs (geometric mean over the grid)"):
-        t.add_column(col, justify="left" if col == "tiling" else "right")
-    for i, (tiles, us) in enumerate(ranked, 1):
-        t.add_row(str(i), designs.text(tiles), f"{us:.1f}")
-    console.print(t)
+def _build_cells(r: dict) -> dict[str, object]:
+    return {"kernel": r["kernel"], "arch": r["arch"], "variant id": r["variant_id"], "regs": r["registers"],
+            "spill": r["spill_bytes"], "smem": r["smem_bytes"], "CTA/SM": r["occupancy"]["ctas_per_sm"],
+            "limit": r["limit"], "SASS": sass.summary(r["sass"]) if r["sass"] else "", "cubin": r["cubin_bytes"],
+            "status": r["status"], "s": f"{r['seconds']:.2f}"}
+
+
+def print_build(console: Console, err: Console, rows: list[dict], wide: bool) -> None:
+    """The build report: at 80 columns every kernel's name, arch, registers, spills, shared memory,
+    CTAs/SM, cubin size and status; --wide adds the variant id, occupancy limit, SASS and seconds,
+    as a table where the terminal is wide enough, else as one block of lines per kernel."""
+    columns = WIDE_COLUMNS if wide else BUILD_COLUMNS
+    cells = [_build_cells(r) for r in rows]
+    t = table(list(columns), [[c[col] for col in columns] for c in cells],
+              left=("kernel", "arch", "variant id", "limit", "SASS", "status"), wrap=("SASS",))
+    need = needed_width(console, t)
+    if need <= console.width:
+        console.print(t)
+        console.print("spill, smem, cubin: bytes" + ("" if wide else "; --wide adds variant ids, SASS counts "
+                                                   "and seconds; --json every field"), highlight=False)
+        return
+    err.print(f"--wide: the table needs {need} columns and this terminal has {console.width}; each kernel "
+              f"follows as a block (widen the terminal for the table; --json has every field)",
+              highlight=False, soft_wrap=True)
+    for c in cells:
+        console.print(f"{c['kernel']}  {c['arch']}  {c['status']} in {c['s']} s", highlight=False)
+        console.print(f"  variant id {c['variant id']}", highlight=False, markup=False)
+        console.print(f"  regs {c['regs']}  spill {c['spill']} B  smem {c['smem']} B  CTA/SM {c['CTA/SM']} "
+                      f"(limit: {c['limit']})  cubin {c['cubin']} B", highlight=False)
+        for i, line in enumerate(wrap_pairs(c["SASS"], console.width - 7)):
+            console.print(("  SASS " if i == 0 else " " * 7) + line, highlight=False)
+
+
+# ---- kgen show ----
+
+def show_kernel_rows(built) -> list[dict]:
+    """One row per kernel of a plan, as `kgen show` prints it and --json emits it."""
+    return [{"kernel": b.variant.name, "variant_id": b.variant.variant_id, "threads": b.variant.threads,
+             "dyn_smem_bytes": b.variant.smem_bytes, "min_blocks": b.variant.min_blocks,
+             "registers": b.report.registers, "spill_bytes": b.report.spill_bytes,
+             "ctas_per_sm": b.occupancy.ctas_per_sm, "limit": b.occupancy.limit,
+             "sass": sass.summary(b.sass)} for b in built]
+
+
+def print_show_kernels(console: Console, rows: list[dict]) -> None:
+    console.print(table(["kernel", "threads", "dyn smem", "min/SM", "regs", "spill", "CTA/SM", "limit"],
+                        [[r["kernel"], r["threads"], r["dyn_smem_bytes"], r["min_blocks"], r["registers"],
+                          r["spill_bytes"], r["ctas_per_sm"], r["limit"]] for r in rows], left=("kernel", "limit")))
+    console.print("dyn smem, spill: bytes; min/SM: the CTAs per SM the kernel is built for (__launch_bounds__); "
+                  "CTA/SM: what its registers and shared memory allow, and the resource that limits it",
+                  highlight=False)
+    width = max(40, console.width - max(len(r["kernel"]) for r in rows) - 2)
+    console.print(table(["kernel", "variant id, then its SASS instruction counts"],
+                        [[r["kernel"], "\n".join([r["variant_id"], *wrap_pairs(r["sass"], width)])] for r in rows],
+                        left=("kernel", "variant id, then its SASS instruction counts"),
+                        wrap=("variant id, then its SASS instruction counts",)))
+
+
+def bucket_rows(table_, buckets) -> list[dict]:
+    rows = []
+    for b in buckets:
+        c = table_.choices.get(b.key)
+        rows.append({"bucket": b.key, "runs": designs.text(c.tiles) if c else "the heuristic plan",
+                     "tuned": c is not None, "us": round(c.us, 1) if c else None,
+                     "heuristic_us": round(c.default_us, 1) if c else None,
+                     "noise_pct": round(100 * c.noise, 1) if c else None})
+    return rows
+
+
+def print_buckets(console: Console, rows: list[dict], source: str) -> None:
+    console.print(f"tiling per shape bucket (tree/batch/context): {source}", highlight=False, markup=False)
+    if not rows:
+        return
+    console.print(table(["bucket", "runs", "µs", "heuristic µs", "noise %"],
+                        [[r["bucket"], r["runs"], r["us"],
+                          r["heuristic_us"], r["noise_pct"]] for r in rows], left=("bucket", "runs")))
+    console.print(TILES_LEGEND, highlight=False, markup=False)
+
+
+def model_rows(modeled) -> list[dict]:
+    return [{"H": m.shape.H, "T": m.shape.T, "L": m.shape.L, "B": m.shape.B, "page": m.shape.page_size,
+             "mb_read": round(m.floor.bytes / 1e6, 1), "gflop": round(m.floor.flops / 1e9, 1),
+             "floor_us": round(m.floor.us, 1), "model_us": round(m.us, 1), "pct_floor": round(m.pct_floor, 1),
+             "binding": m.binding} for m in modeled]
+
+
+def print_model(console: Console, rows: list[dict]) -> None:
+    keys = ("H", "T", "L", "B", "mb_read", "gflop", "floor_us", "model_us", "pct_floor", "binding")
+    console.print(table(["H", "T", "L", "B", "MB read", "GFLOP", "floor µs", "model µs", "% floor", "binding"],
+                        [[r[k] for k in keys] for r in rows], left=("binding",)))
+
+
+# ---- kgen tune --arch (the model's ranking) ----
+
+def ranking(spec, arch) -> dict:
+    """`kgen tune --arch` without that GPU: every candidate tiling of `arch` (and the current plan's),
+    ranked by the buckets each won in a tuned table measured on that arch where one exists, then by
+    the model's geometric mean over the grid; equal keys share a rank (tied). Designs the model has
+    no entry for are listed in "unmodeled" (their modeled_us is None)."""
+    current = plan(spec, arch).tiles
+    tried = list({designs.text(t): t for t in [current, *candidates(spec, arch)]}.values())
+    modeled_us = {designs.text(t): round(us, 1) for t, us in rank_by_model(spec, arch, [t for t in tried if modeled(t)])}
+    tuned = find_table(spec, arch.name)
+    won = Counter(designs.text(c.tiles) for c in tuned.choices.values()) if tuned else None
+    rows = [{"tiling": designs.text(t), "modeled_us": modeled_us.get(designs.text(t)),
+             "buckets_won": won[designs.text(t)] if won is not None else None, "current": t == current}
+            for t in tried]
+
+    def key(r):
+        return -(r["buckets_won"] or 0), r["modeled_us"] if r["modeled_us"] is not None else float("inf")
+
+    rows.sort(key=key)
+    for r in rows:
+        same = [i for i, o in enumerate(rows) if key(o) == key(r)]
+        r["rank"], r["tied"] = same[0] + 1, len(same) > 1
+    return {"spec": spec.name, "arch": arch.name, "table": tuned, "rows": rows,
+            "ranked_by": (f"buckets won in the tuned table {tuned.path} (measured on {tuned.device}), then the "
+                          f"model" if tuned else "the model"),
+            "unmodeled": sorted({t.design for t in tried if not modeled(t)})}
+
+
+def print_ranking(console: Console, rows: list[dict], measured: str | None) -> None:
+    """rows: rank, tied, tiling, modeled_us (None: not modeled), buckets_won (None: no measured table), current."""
+    cols = ["rank", "tiling", "model µs", *(["buckets won"] if measured else []), "plan"]
+    console.print(table(cols, [[f"{r['rank']}{'=' if r['tied'] else ''}", r["tiling"],
+                                "not modeled" if r["modeled_us"] is None else r["modeled_us"],
+                                *([r["buckets_won"]] if measured else []),
+                                "current" if r["current"] else ""] for r in rows], left=("tiling", "plan")))
+    notes = ["model µs: the geometric mean of the modeled times over the benchmark grid",
+             "=: tied with the other rows of that rank", "current: the tiling the heuristic plan runs"]
+    if measured:
+        notes.insert(1, f"buckets won: of the shape buckets timed on the GPU in {measured}")
+    console.print("; ".join(notes), highlight=False, markup=False)
+    console.print(TILES_LEGEND, highlight=False, markup=False)

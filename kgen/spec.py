@@ -202,15 +202,39 @@ def parse_spec(data: object, source: str = "<spec>") -> Spec:
         raise SpecError("; ".join(lines)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error: plain YAML keeps the
+    last value silently, so a spec would run with a value its author may not have meant."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first on line {seen[key]}); give each key once",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_spec(path: str | Path) -> Spec:
     """Load and validate a spec file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise SpecError(f"{path}: cannot read spec ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not a YAML text file (byte {raw[e.start]:#04x} at offset {e.start} is not UTF-8); "
+                        f"a spec is UTF-8 YAML like specs/glm5_sm120.yaml") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as e:
+        where = f", line {e.problem_mark.line + 1}" if e.problem_mark else ""
+        raise SpecError(f"{path}{where}: not valid YAML ({e.problem or e.context})") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     return parse_spec(data, str(path))

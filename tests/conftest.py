@@ -6,11 +6,15 @@
 - `module_for(name)`: kgen.jit of a shipped spec (specs/<name>.yaml) or of a derived one
   (DERIVED_SPECS), compiled once per session, with the GPU's own plan, or the plan of the arch
   in KGEN_TEST_PLAN_ARCH (e.g. sm_120: run the suite once more with the sm_120 plan on an H200).
+- The kernel cache: KGEN_CACHE_DIR where the environment sets it (CI, a shared cache), else a
+  temporary directory for the session; the session fails if the user's ~/.cache/kgen changed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import zlib
 from pathlib import Path
 
@@ -21,6 +25,32 @@ import yaml
 import kgen
 from kgen.spec import parse_spec
 from kgen.inputs import fresh_seed
+
+HOME_CACHE = Path.home() / ".cache" / "kgen"
+OWN_CACHE = None if os.environ.get("KGEN_CACHE_DIR") else tempfile.mkdtemp(prefix="kgen-test-cache-")
+if OWN_CACHE:  # set before any test (or the subprocesses tests start) reads it
+    os.environ["KGEN_CACHE_DIR"] = OWN_CACHE
+
+
+def home_cache_state() -> list | None:
+    """What ~/.cache/kgen holds (paths, sizes, mtimes), or None if it does not exist."""
+    if not HOME_CACHE.exists():
+        return None
+    return sorted((str(p.relative_to(HOME_CACHE)), p.lstat().st_size, p.lstat().st_mtime_ns)
+                  for p in HOME_CACHE.rglob("*"))
+
+
+HOME_CACHE_BEFORE = home_cache_state()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if OWN_CACHE:
+        shutil.rmtree(OWN_CACHE, ignore_errors=True)
+    told = Path(os.environ["KGEN_CACHE_DIR"]).expanduser().resolve() == HOME_CACHE.resolve()
+    if not told and home_cache_state() != HOME_CACHE_BEFORE:
+        print(f"\nerror: the test session changed {HOME_CACHE} (tests must use KGEN_CACHE_DIR, never the user's cache)")
+        session.exitstatus = 1
+
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 SESSION_SEED = int(os.environ.get("KGEN_TEST_SEED") or fresh_seed())

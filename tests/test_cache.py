@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 import kgen
 from kgen.build import build, build_variant
 from kgen.cache import KernelCache, cache_key
-from kgen.errors import CacheMissError
+from kgen.errors import CacheError, CacheMissError, CacheWarning
 from kgen.plan import plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,8 @@ def test_damaged_entry_is_detected_and_rebuilt(tmp_path, variant, damage):
         data = bytearray(cubin.read_bytes())
         data[len(data) // 2] ^= 0xFF
         cubin.write_bytes(bytes(data))
-    again = build_variant(variant, "sm_120", cache)
+    with pytest.warns(CacheWarning, match="was damaged"):
+        again = build_variant(variant, "sm_120", cache)
     assert again.status == "compiled" and again.cubin == good.cubin
     assert build_variant(variant, "sm_120", cache).status == "cached"
 
@@ -126,3 +128,56 @@ def test_build_writes_sources_and_manifest(tmp_path):
     manifest = json.loads((tmp_path / "gen" / p.spec.name / "manifest.json").read_text())
     assert [v["variant_id"] for v in manifest["variants"]] == [v.variant_id for v in p.variants]
     assert build(p, ["sm_120"], KernelCache(tmp_path / "cache"))[0].status == "cached"
+
+
+def test_a_repaired_entry_warns_once_naming_it(tmp_path, variant):
+    cache = KernelCache(tmp_path)
+    build_variant(variant, "sm_120", cache)
+    entry = next(p for p in (tmp_path / "v1").glob("*/*") if p.is_dir())
+    (entry / "meta.json").write_text("{not json")
+    with pytest.warns(CacheWarning) as caught:
+        assert build_variant(variant, "sm_120", cache).status == "compiled"
+        assert build_variant(variant, "sm_120", cache).status == "cached"
+    assert len(caught) == 1 and str(entry) in str(caught[0].message)
+
+
+def test_a_cache_dir_that_is_a_file_is_one_error_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("KGEN_CACHE_DIR", str(SPEC))
+    with pytest.raises(CacheError, match=f"KGEN_CACHE_DIR={SPEC} is not a directory"):
+        KernelCache()
+
+
+def test_the_suite_never_uses_the_users_cache():
+    from conftest import HOME_CACHE, OWN_CACHE
+
+    from kgen.env import cache_root
+
+    # without an explicit KGEN_CACHE_DIR the session made its own; an explicit one is the caller's choice
+    assert cache_root() == Path(OWN_CACHE or os.environ["KGEN_CACHE_DIR"]).expanduser()
+    assert OWN_CACHE is None or not Path(OWN_CACHE).is_relative_to(HOME_CACHE)
+
+
+def test_clear_racing_four_builds_breaks_none_and_leaves_a_whole_cache(tmp_path):
+    cache_dir = tmp_path / "cache"
+    procs = [_kgen([], cache_dir, tmp_path / f"gen{i}") for i in range(4)]
+    clears = 0
+    while any(p.poll() is None for p in procs):
+        for command in ("clear", "info"):  # info counts entries that clear removes under it
+            r = subprocess.run([sys.executable, "-m", "kgen", "cache", command], capture_output=True, text=True,
+                               env={**os.environ, "KGEN_CACHE_DIR": str(cache_dir)}, timeout=600)
+            assert r.returncode == 0, r.stderr
+        clears += 1
+    outs = [p.communicate() for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert "Traceback" not in err, err
+        assert p.returncode == 0 or len(err.strip().splitlines()) == 1, err
+    assert clears >= 2 and sum(p.returncode == 0 for p in procs) >= 1
+    cache = KernelCache(cache_dir)
+    keys = [p.name for p in (cache_dir / "v1").glob("*/*")] if (cache_dir / "v1").exists() else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)  # intact: no entry needs repair
+        assert all(cache.lookup(k) is not None for k in keys)
+    assert not [p for p in (cache_dir / "tmp").glob("*")] if (cache_dir / "tmp").exists() else True
+    after = _kgen([], cache_dir, tmp_path / "gen_after")
+    out, err = after.communicate(timeout=600)
+    assert after.returncode == 0 and "warning" not in err, err

@@ -50,3 +50,14 @@ def test_custom_ops_pass_opcheck(module_for, cuda, seed):
     caches = torch.randn(3, 64, 576, generator=g, device=cuda).bfloat16()
     src = torch.tensor([1, 2, 3], device=cuda)
     torch.library.opcheck(torch.ops.kgen.defrag, ([caches], src, src.roll(1), True, name))
+
+
+def test_the_ops_exist_after_import_kgen_without_jit():
+    import subprocess
+    import sys
+
+    code = ("import torch, kgen; print(all(hasattr(torch.ops.kgen, n) for n in "
+            "('verify_attention', 'prefix_attention', 'tree_attention', 'merge_states', 'defrag')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0 and r.stdout.strip() == "True", r.stderr

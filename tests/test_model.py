@@ -132,7 +132,7 @@ def test_show_prints_the_model_with_its_binding_resource_and_validation(tmp_path
     monkeypatch.setenv("KGEN_CACHE_DIR", str(tmp_path / "cache"))
     out = CliRunner().invoke(app, ["show", str(SPEC_DIR / "glm5_sm120.yaml")])
     assert out.exit_code == 0, out.output
-    assert "MODEL, not a measurement" in out.stdout and "(model)" in out.stdout
+    assert "MODEL, not a measurement" in out.stdout and "model µs" in out.stdout
     assert model.validation().split(";")[0] in " ".join(out.stdout.split())
     assert "binding" in out.stdout and "tensor" in out.stdout
     assert "registers+smem" in out.stdout  # occupancy and its limit, next to the ptxas report

@@ -174,3 +174,13 @@ def test_table_has_a_column_per_peer_timed():
     assert "FlashInfer" not in none and "FlashMLA" not in none and "% GEMM floor" in none
     line = bench_run._progress(row, ("flashinfer_fa3", "flashmla"))
     assert "FlashInfer fa3 93.3" in line and "× FlashMLA 0.79" in line and "47.0% of GEMM floor" in line
+
+
+def test_kgen_bench_names_a_bad_peer_in_one_line():
+    from typer.testing import CliRunner
+
+    from kgen.cli import app
+
+    result = CliRunner().invoke(app, ["bench", str(SPEC_DIR / "glm5_sm120.yaml"), "--quick", "--peers", "flashattn"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "unknown peer flashattn" in result.output and len(result.output.strip().splitlines()) == 1

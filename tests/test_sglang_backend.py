@@ -27,7 +27,7 @@ CHILD = Path(__file__).resolve().parent / "sglang_cpu_child.py"
 @pytest.fixture(scope="module")
 def report():
     if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (CI installs it: .ci/run)")
+        pytest.skip("sglang is not installed: bash .ci/sglang_cpu.sh installs what CI runs these tests with")
     env = {**os.environ, "TRITON_INTERPRET": "1",  # and the opt-in defrag hook, on every decode step
            "KGEN_DEFRAG": "1", "KGEN_DEFRAG_INTERVAL": "1", "KGEN_DEFRAG_MIN_TOKENS": "64"}
     proc = subprocess.run([sys.executable, str(CHILD), str(SESSION_SEED)], capture_output=True, text=True,

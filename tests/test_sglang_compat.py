@@ -150,7 +150,7 @@ def _params(node) -> set[str] | None:
 def wheel_for(version: str) -> Path:
     found = sorted(WHEELS.glob(f"sglang-{version}-*.whl")) if WHEELS.is_dir() else []
     if not found:
-        pytest.skip(f"no sglang {version} wheel in {WHEELS} (set KGEN_SGLANG_WHEELS; .ci/run downloads them)")
+        pytest.skip(f"no sglang {version} wheel in {WHEELS} (bash .ci/sglang_cpu.sh downloads them there; or set KGEN_SGLANG_WHEELS)")
     return found[0]
 
 

@@ -73,7 +73,7 @@ CHILD = textwrap.dedent('''
 @pytest.fixture(scope="module")
 def report():
     if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (CI installs it: .ci/run)")
+        pytest.skip("sglang is not installed: bash .ci/sglang_cpu.sh installs what CI runs these tests with")
     if not any(ep.name == "kgen" for ep in entry_points(group="sglang.srt.plugins")):
         pytest.skip("kgen's sglang.srt.plugins entry point is not installed: pip install -e . again")
     child = (CHILD.replace("TESTS", repr(str(Path(__file__).resolve().parent)))

@@ -93,11 +93,12 @@ class MmaSync(Design):
             t = MmaSyncTiles(bm=32, bn=32, warps_m=2, stages=stages)
             if t.smem_bytes(spec) <= arch.smem_per_block:
                 return t
-        need = t.smem_bytes(spec)
+        need, m = t.smem_bytes(spec), spec.model
         raise PlanError(
-            f"{spec.name}: attention needs {need} B of shared memory per block with the smallest "
-            f"tiles (BM={t.bm}, BN={t.bn}, 2 stages) but {arch.name} allows {arch.smem_per_block} B "
-            f"(over by {need - arch.smem_per_block} B)"
+            f"{spec.name}: model.kv_lora_rank + model.qk_rope_head_dim = {m.head_dim} query dims need {need} B of "
+            f"shared memory per attention block with the smallest tiles (BM={t.bm}, BN={t.bn}, 2 stages), but "
+            f"{arch.name} allows {arch.smem_per_block} B (over by {need - arch.smem_per_block} B); "
+            f"{_widest_fit(spec, arch, t)}"
         )
 
     def candidates(self, spec: Spec, arch: Arch) -> list[MmaSyncTiles]:
@@ -110,3 +111,14 @@ class MmaSync(Design):
 
 
 DESIGN = MmaSync()
+
+
+def _widest_fit(spec: Spec, arch: Arch, t: MmaSyncTiles) -> str:
+    """What to change when a spec's dims do not fit: the widest kv_lora_rank that does at its rope width."""
+    m = spec.model
+    fits = [r for r in range(64, m.kv_lora_rank, 64)
+            if t.smem_bytes(spec.model_copy(update={"model": m.model_copy(update={"kv_lora_rank": r})}))
+            <= arch.smem_per_block]
+    if not fits:
+        return f"no kv_lora_rank fits with qk_rope_head_dim {m.qk_rope_head_dim}: lower model.qk_rope_head_dim"
+    return f"at qk_rope_head_dim {m.qk_rope_head_dim}, model.kv_lora_rank may be at most {fits[-1]} on {arch.name}"
