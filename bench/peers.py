@@ -228,7 +228,7 @@ def _flashmla(x, kv: ChainKV):
 
 # ---- FlashMLA's sparse decode (DSA; for bench/sparse.py) ---------------------------------------
 
-DSA_ROW_BYTES = 656  # 512 e4m3 latent | 4 fp32 scales (scale k: latent dims 128k..128k+127) | 64 bf16 rope
+DSA_ROW_BYTES = 656  # the DSA pool row (DESIGN §11, kgen.fp8.quantize_rows): 512 e4m3 | 4 fp32 scales | 64 bf16 rope
 DSA_PAGE = 64
 SPARSE_HEADS = (64, 128)  # FlashMLA's sparse kernels: SGLang pads fewer heads per rank up to these
 
@@ -274,34 +274,13 @@ def sparse_decode(q: torch.Tensor, kv_cache: torch.Tensor, topk_indices: torch.T
     return call
 
 
-def dequantize_dsa_rows(rows: torch.Tensor) -> torch.Tensor:
-    """656-byte rows (uint8 [N, 656]) -> float64 [N, 576]: latent dim d = e4m3 byte d x fp32 scale
-    d // 128, then the 64 bf16 rope values."""
-    rows = rows.reshape(rows.shape[0], DSA_ROW_BYTES)
-    n = rows.shape[0]
-    latent = rows[:, :512].contiguous().view(torch.float8_e4m3fn).double().view(n, 4, 128)
-    scales = rows[:, 512:528].contiguous().view(torch.float32).double()
-    rope = rows[:, 528:].contiguous().view(torch.bfloat16).double()
-    return torch.cat([(latent * scales.unsqueeze(-1)).view(n, 512), rope], dim=1)
-
-
-def random_dsa_rows(n: int, *, generator: torch.Generator, device) -> torch.Tensor:
-    """n random 656-byte rows: unit-normal latent values stored as e4m3 with a per-block scale in
-    [1/4, 4] (so values are about unit size again), unit-normal bf16 rope."""
-    latent = torch.randn(n, 4, 128, generator=generator, device=device).to(torch.float8_e4m3fn)
-    scales = 4.0 ** (2 * torch.rand(n, 4, generator=generator, device=device) - 1)
-    rope = torch.randn(n, 64, generator=generator, device=device).to(torch.bfloat16)
-    return torch.cat([latent.view(torch.uint8).view(n, 512), scales.float().view(torch.uint8).view(n, 16),
-                      rope.view(torch.uint8).view(n, 128)], dim=1)
-
-
 def sparse_reference(q: torch.Tensor, kv_cache: torch.Tensor, topk_indices: torch.Tensor, *, scale: float,
                      value_dim: int = 512) -> torch.Tensor:
     """float64 o [sum T, H, value_dim] of sparse_decode's semantics: token i attends to the
     dequantized rows its list names (-1 skipped); a list with no key gives o = 0."""
-    from kgen.reference import attend
+    from kgen.reference import attend, dequantize_scaled_rows
 
-    keys = dequantize_dsa_rows(kv_cache)
+    keys = dequantize_scaled_rows(kv_cache, 512)
     o = torch.zeros(*q.shape[:2], value_dim, dtype=torch.float64, device=q.device)
     for i in range(q.shape[0]):
         listed = topk_indices[i][topk_indices[i] >= 0].long()
@@ -313,10 +292,13 @@ def sparse_reference(q: torch.Tensor, kv_cache: torch.Tensor, topk_indices: torc
 
 def sparse_check(device, *, heads: int = 8, tokens: int = 16, width: int = 2048, pages: int = 96,
                  seed: int = 0) -> dict:
-    """sparse_decode against sparse_reference on random rows and lists (distinct slots per list,
-    -1 tails of random length, one all -1 list): relative L2 of o and the largest per-row error."""
+    """sparse_decode against sparse_reference on random rows (unit normals in the pool's fp8 rows,
+    kgen.fp8.quantize_rows) and lists (distinct slots per list, -1 tails of random length, one all
+    -1 list): relative L2 of o and the largest per-row error."""
+    from kgen.fp8 import quantize_rows
+
     g = torch.Generator(device).manual_seed(seed)
-    pool = random_dsa_rows(pages * DSA_PAGE, generator=g, device=device)
+    pool = quantize_rows(torch.randn(pages * DSA_PAGE, 576, generator=g, device=device).to(torch.bfloat16), 512)
     q = torch.randn(tokens, heads, 576, generator=g, device=device).to(torch.bfloat16)
     lists = torch.stack([torch.randperm(pages * DSA_PAGE, generator=g, device=device)[:width]
                          for _ in range(tokens)]).to(torch.int32)

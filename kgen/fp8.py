@@ -36,3 +36,31 @@ def e4m3_rows(q: torch.Tensor) -> torch.Tensor:
     amax = x.abs().amax(-1, keepdim=True)
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
     return (x * (1 / scale)).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * scale
+
+
+# ---- SGLang's DSA pool rows (cache.scales: per_block; DESIGN §11) ----------------------------
+# One row per token: kv_lora_rank e4m3 latent bytes | one fp32 scale per 128 latent dims (scale k
+# multiplies dims 128k .. 128k+127) | qk_rope_head_dim bf16 rope values. GLM-5: 512 | 16 | 128 =
+# 656 bytes. The byte order and the rounding are those of SGLang's writer for DSATokenToKVPool
+# (sglang.kernels.ops.quantization.dsa_quant_k_cache, tests/test_fp8.py checks byte equality).
+
+SCALE_BLOCK = 128
+
+
+def scaled_row_bytes(latent: int, rope: int) -> int:
+    return latent + latent // SCALE_BLOCK * 4 + rope * 2
+
+
+def quantize_rows(k: torch.Tensor, latent: int) -> torch.Tensor:
+    """uint8 [N, scaled_row_bytes] rows of bf16 keys k [N, latent + rope] (or [N, 1, ...]), SGLang's
+    rule: per 128-dim block, scale = max|x| / 448 (fp32), byte = e4m3(clamp(x * (1 / scale), +-448));
+    rope copied as bf16. An all-zero block gets scale 0 and zero bytes (it dequantizes to 0; SGLang's
+    writer divides 0 by 0 there and stores what its float-to-e4m3 cast makes of NaN)."""
+    k = k.reshape(-1, k.shape[-1])  # [N, D] or [N, 1, D]; N may be 0
+    n, rope = k.shape[0], k.shape[1] - latent
+    blocks = k[:, :latent].float().reshape(n, latent // SCALE_BLOCK, SCALE_BLOCK)
+    scale = blocks.abs().amax(-1, keepdim=True) / E4M3_MAX
+    inv = torch.where(scale > 0, 1.0 / scale, 0.0)
+    q = (blocks * inv).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3)
+    return torch.cat([q.view(torch.uint8).reshape(n, latent), scale.reshape(n, latent // SCALE_BLOCK).view(torch.uint8),
+                      k[:, latent:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, rope * 2)], dim=1)

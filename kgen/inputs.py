@@ -36,15 +36,16 @@ class Dims:
     parents: tuple[int, ...] | None = None  # a static tree: every request has exactly this tree
     kv_dtype: str = "bfloat16"
     mma: str = "bf16"  # the attention MMAs' input type (spec.cache.mma_type)
+    scales: str = "per_tensor"  # an fp8 cache's scales: one kv_scale, or per 128-dim block (DSA pool rows)
 
     @classmethod
     def of(cls, spec_or_dims: Spec | Dims) -> Dims:
         if isinstance(spec_or_dims, Dims):
             return spec_or_dims
         m, tree = spec_or_dims.model, spec_or_dims.tree
-        return cls(m.num_q_heads, m.head_dim, m.value_dim, m.softmax_scale, tree.nodes,
-                   spec_or_dims.cache.page_size, tree.parents, spec_or_dims.cache.kv_dtype,
-                   spec_or_dims.cache.mma_type)
+        c = spec_or_dims.cache
+        return cls(m.num_q_heads, m.head_dim, m.value_dim, m.softmax_scale, tree.nodes, c.page_size, tree.parents,
+                   c.kv_dtype, c.mma_type, c.scales or "per_tensor")
 
     @property
     def mask_words(self) -> int:
@@ -56,8 +57,8 @@ class VerifyInputs:
     """One batch of verify inputs in the DESIGN §5 layout, plus what made them."""
 
     q: torch.Tensor  # [sum T, H, D] bf16
-    kv_cache: torch.Tensor  # [num_slots, D] bf16, or e4m3 meaning byte * kv_scale
-    k_tree: torch.Tensor  # [sum T, D] bf16 (an fp8 op quantizes it with kv_scale)
+    kv_cache: torch.Tensor  # [num_slots, D] bf16, or e4m3 meaning byte * kv_scale, or uint8 DSA pool rows
+    k_tree: torch.Tensor  # [sum T, D] bf16 (an fp8 op quantizes it with kv_scale, or to DSA pool rows)
     qo_indptr: torch.Tensor  # [B + 1] int32
     kv_indptr: torch.Tensor  # [B + 1] int32, in pages
     kv_indices: torch.Tensor  # [sum pages] int32
@@ -75,13 +76,32 @@ class VerifyInputs:
         return self.kv_cache.dtype == fp8.E4M3
 
     @property
+    def kv_scaled(self) -> bool:
+        """The cache holds the DSA pool's rows (uint8, per-block scales)."""
+        return self.kv_cache.dtype == torch.uint8
+
+    @property
     def ref_k_tree(self) -> torch.Tensor:
-        """The tree keys the op attends to: an fp8 op sees them quantized like the cache."""
+        """The tree keys the op attends to: an fp8 op sees them quantized like the cache (the
+        reference reads uint8 rows as DSA pool rows)."""
+        if self.kv_scaled and self.k_tree.dtype == torch.bfloat16:
+            return fp8.quantize_rows(self.k_tree, self.value_dim)
         return fp8.dequantize(fp8.quantize(self.k_tree, self.kv_scale), self.kv_scale) if self.kv_fp8 else self.k_tree
 
     def to_fp8(self, kv_scale: float) -> VerifyInputs:
         """The same batch with the cache stored as e4m3 bytes of value / kv_scale (unused slots stay NaN)."""
         return replace(self, kv_cache=fp8.quantize(self.kv_cache, kv_scale), kv_scale=kv_scale)
+
+    def stored_as(self, dims: Dims, kv_scale: float = 1.0) -> VerifyInputs:
+        """The batch (made with a bf16 cache) with its cache in `dims`' format: bf16, e4m3 bytes of
+        value / kv_scale, or DSA pool rows (kv_scale must then be 1)."""
+        if dims.kv_dtype != "float8_e4m3fn":
+            return self
+        return self.to_scaled_rows() if dims.scales == "per_block" else self.to_fp8(kv_scale)
+
+    def to_scaled_rows(self) -> VerifyInputs:
+        """The same batch with the cache stored as DSA pool rows (unused slots stay NaN)."""
+        return replace(self, kv_cache=fp8.quantize_rows(self.kv_cache, self.value_dim))
 
     @property
     def op_mask(self) -> torch.Tensor | None:
@@ -203,9 +223,24 @@ def make_verify_inputs(spec_or_dims: Spec | Dims, tree_sizes: list[int], prefix_
         qo_indptr=_indptr(tree_sizes, device), kv_indptr=kv_indptr, kv_indices=kv_indices, kv_lens=kv_lens,
         tree_mask=tree_mask, parents=parents, page_size=page, scale=dims.scale, value_dim=dims.value_dim,
         static_tree=dims.parents is not None)
+    if dims.kv_dtype == "float8_e4m3fn" and dims.scales == "per_block":
+        return block_magnitudes(inputs, g).to_scaled_rows()
     if dims.kv_dtype == "float8_e4m3fn":
         return inputs.to_fp8(4.0 ** (2 * torch.rand((), generator=g, device=device).item() - 1))
     return inputs
+
+
+def block_magnitudes(inputs: VerifyInputs, generator: torch.Generator) -> VerifyInputs:
+    """The batch with every key row's 128-dim latent blocks and its rope each scaled by its own
+    random magnitude 2^u, u uniform in [-3, 0]: block scales up to 8x apart within a row and between
+    rows, as a DSA pool's are, and logits no larger than unit normals give (so e4m3 MMAs keep the
+    error their tolerance documents)."""
+    def scaled(k: torch.Tensor) -> torch.Tensor:
+        blocks = inputs.value_dim // 128
+        widths = [128] * blocks + [k.shape[1] - inputs.value_dim]
+        m = 2.0 ** (-3 * torch.rand(k.shape[0], blocks + 1, generator=generator, device=k.device))
+        return (k.float() * torch.repeat_interleave(m, torch.tensor(widths, device=k.device), dim=1)).bfloat16()
+    return replace(inputs, kv_cache=scaled(inputs.kv_cache), k_tree=scaled(inputs.k_tree))
 
 
 def poison_(t: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ benchmarks all ask here, so a new row format is added in one place.
 
 from __future__ import annotations
 
+from . import fp8
 from .spec import Spec
 
 ELEM_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per KV element, by cache.kv_dtype
@@ -21,5 +22,15 @@ def ctype(spec: Spec) -> str:
 
 
 def row_bytes(spec: Spec) -> int:
-    """Bytes of one latent row (key dims; values are its first value_dim dims)."""
-    return spec.model.head_dim * elem_bytes(spec)
+    """Bytes of one latent row (key dims; values are its first value_dim dims): D elements of the KV
+    type, or a DSA pool row (cache.scales per_block: e4m3 latent | fp32 block scales | bf16 rope)."""
+    m = spec.model
+    if spec.cache.per_block:
+        return fp8.scaled_row_bytes(m.kv_lora_rank, m.qk_rope_head_dim)
+    return m.head_dim * elem_bytes(spec)
+
+
+def staged_stride(row: int, pad: int) -> int:
+    """A staged KV row's stride: an odd number of 16-byte chunks, so ldmatrix's 8 row addresses of
+    an 8x8 matrix fall in 8 different bank groups (a 656-byte DSA row already is: no padding)."""
+    return row + (0 if (row // 16) % 2 else pad)

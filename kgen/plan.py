@@ -43,6 +43,7 @@ class Plan:
 def _tag(spec: Spec, arch: Arch) -> str:
     m, c = spec.model, spec.cache
     dtype = {"bf16": "bf16", "f16": "e4m3f16", "e4m3": "e4m3"}[c.mma_type]  # KV type, and MMA type if other
+    dtype += "_pb" if c.per_block else ""  # per-block scaled (DSA pool) rows
     tree = f"st{spec.tree.nodes}" if spec.tree.is_static else f"t{spec.tree.nodes}"
     return f"h{m.num_q_heads}_d{m.head_dim}_ps{c.page_size}_{dtype}_{tree}_{arch.name.replace('_', '')}"
 

@@ -42,11 +42,27 @@ def prefix_rows(kv_cache: torch.Tensor, pages: torch.Tensor, length: int, page_s
     return cache[pages.to(cache.device).long()[t // page_size] * page_size + t % page_size]
 
 
+def dequantize_scaled_rows(rows: torch.Tensor, latent: int) -> torch.Tensor:
+    """SGLang DSA pool rows (uint8 [N, B], DESIGN §11) -> float64 [N, latent + rope]: latent dim d is
+    e4m3 byte d times fp32 scale d // 128 (the scales follow the latent bytes), then the bf16 rope."""
+    rows = rows.reshape(-1, rows.shape[-1])  # [N, B] or [N, 1, B]; N may be 0
+    n, blocks = rows.shape[0], latent // 128
+    scales = rows[:, latent:latent + 4 * blocks].contiguous().view(torch.float32).double()
+    lat = rows[:, :latent].contiguous().view(torch.float8_e4m3fn).double().reshape(n, blocks, 128)
+    rope = rows[:, latent + 4 * blocks:].contiguous().view(torch.bfloat16).double()
+    return torch.cat([(lat * scales.unsqueeze(-1)).reshape(n, latent), rope], dim=1)
+
+
 def tree_visibility(tree_mask: torch.Tensor, n: int) -> torch.Tensor:
     """One request's rows of tree_mask [n, words] int32 -> [n, n] bool: bit j of row i
     (word j // 32, bit j % 32) says tree token i sees tree token j."""
     j = torch.arange(n, device=tree_mask.device)
     return ((tree_mask.long()[:, j // 32] >> (j % 32)) & 1).bool()
+
+
+def _keys(rows: torch.Tensor, value_dim: int, kv_scale: float) -> torch.Tensor:
+    """Key rows as float64: uint8 rows are the DSA pool's scaled format, others mean value * kv_scale."""
+    return dequantize_scaled_rows(rows, value_dim) if rows.dtype == torch.uint8 else rows.double() * kv_scale
 
 
 def _attention(q, qo_indptr, scale, value_dim, prefix=None, tree=None):
@@ -65,10 +81,10 @@ def _attention(q, qo_indptr, scale, value_dim, prefix=None, tree=None):
         keys, visible = [], []
         if prefix is not None:
             pages = kv_indices[kv_indptr[b]:kv_indptr[b + 1]]
-            keys.append(prefix_rows(kv_cache, pages, kv_lens[b], page_size).to(q.device).double() * kv_scale)
+            keys.append(_keys(prefix_rows(kv_cache, pages, kv_lens[b], page_size).to(q.device), value_dim, kv_scale))
             visible.append(torch.ones(e - s, kv_lens[b], dtype=torch.bool, device=q.device))
         if tree is not None:
-            keys.append(k_tree[s:e].double())
+            keys.append(_keys(k_tree[s:e], value_dim, 1.0))
             visible.append(tree_visibility(tree_mask[s:e], e - s))
         o[s:e], lse[s:e] = attend(q[s:e], torch.cat(keys), torch.cat(visible, dim=1), scale, value_dim)
     return o, lse
@@ -77,7 +93,8 @@ def _attention(q, qo_indptr, scale, value_dim, prefix=None, tree=None):
 def prefix_attention_ref(q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, page_size, scale, value_dim=512,
                          kv_scale=1.0):
     """Tree tokens against their paged prefixes only. A cache row means its values * kv_scale
-    (an fp8 cache's per-tensor scale; 1 for bf16)."""
+    (an fp8 cache's per-tensor scale; 1 for bf16), or, for a uint8 cache, its dequantized DSA
+    pool row (dequantize_scaled_rows)."""
     return _attention(q, qo_indptr, scale, value_dim,
                       prefix=(kv_cache, kv_indptr, kv_indices, kv_lens, page_size, kv_scale))
 
@@ -118,3 +135,4 @@ def defrag_ref(caches, src, dst):
         moved[:, dst.to(caches.device)] = caches[:, src.to(caches.device)]
         return moved
     return [defrag_ref(c.unsqueeze(0), src, dst)[0] for c in caches]
+

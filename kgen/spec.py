@@ -23,6 +23,10 @@ KV_DTYPES = ("bfloat16", "float8_e4m3fn")  # fp8: value = stored e4m3 * a per-te
 # in f16 (only the cache's rounding remains); "e4m3" also rounds Q (scaled per row) and P to e4m3
 # for native fp8 MMAs (twice the rate on sm_120, a documented error).
 FP8_MMA_TYPES = ("f16", "e4m3")
+# Where an fp8 cache's scales live: "per_tensor" (one kv_scale per cache tensor, a launch argument) or
+# "per_block" (SGLang's DSA pool: each row carries one fp32 scale per 128 latent dims, rope in bf16).
+KV_SCALES = ("per_tensor", "per_block")
+SCALE_BLOCK = 128  # latent dims per per-block scale (DSATokenToKVPool.quant_block_size)
 
 
 class _Strict(BaseModel):
@@ -68,6 +72,7 @@ class CacheSpec(_Strict):
     page_size: int = Field(ge=1, le=1024)
     kv_dtype: Literal[KV_DTYPES] = "bfloat16"  # type: ignore[valid-type]
     mma: Literal[FP8_MMA_TYPES] | None = None  # type: ignore[valid-type]  # fp8 caches only; default f16
+    scales: Literal[KV_SCALES] | None = None  # type: ignore[valid-type]  # fp8 caches only; default per_tensor
 
     @field_validator("mma", mode="before")
     @classmethod
@@ -81,6 +86,11 @@ class CacheSpec(_Strict):
     def mma_type(self) -> str:
         """The MMA input type of the attention kernels: bf16, f16 or e4m3."""
         return "bf16" if self.kv_dtype == "bfloat16" else self.mma or "f16"
+
+    @property
+    def per_block(self) -> bool:
+        """Rows in the DSA pool's scaled format (kgen.fp8.scaled_row_bytes)."""
+        return self.scales == "per_block"
 
     @field_validator("page_size")
     @classmethod
@@ -172,6 +182,14 @@ class Spec(_Strict):
         if self.cache.mma is not None and self.cache.kv_dtype != "float8_e4m3fn":
             raise ValueError(f"cache.mma = {self.cache.mma!r} chooses the MMA precision of a float8_e4m3fn cache; "
                              f"a {self.cache.kv_dtype} cache always runs bf16 MMAs (remove cache.mma)")
+        if self.cache.scales is not None and self.cache.kv_dtype != "float8_e4m3fn":
+            raise ValueError(f"cache.scales = {self.cache.scales!r} says where the scales of a float8_e4m3fn cache "
+                             f"live; a {self.cache.kv_dtype} cache has none (remove cache.scales)")
+        m = self.model
+        if self.cache.per_block and (m.kv_lora_rank % SCALE_BLOCK or m.kv_lora_rank // SCALE_BLOCK != 4):
+            # The kernels' 4 warp groups own one 128-dim scale block each (templates/attention.cuh).
+            raise ValueError(f"cache.scales per_block needs model.kv_lora_rank = 4 x {SCALE_BLOCK} = 512 "
+                             f"(one scale block per warp group), got {m.kv_lora_rank}")
         # e4m3 MMAs step 32 dims at a time; each of the 4 warp groups owns kv_lora_rank / 4 of them.
         if self.cache.mma_type == "e4m3" and self.model.kv_lora_rank % 128:
             raise ValueError(f"cache.mma e4m3 needs model.kv_lora_rank a multiple of 128, "

@@ -25,6 +25,21 @@
 //   once per row (its own scale: every row uses e4m3's range, none saturates) and P is stored as
 //   e4m3(p * P_SCALE): both round to 3 mantissa bits (docs/fp8.md).
 // The scales come back in fp32 in the softmax and in the final 1/l.
+//
+// KV in SGLang's DSA pool rows (KV_SCALED, cache.scales per_block: e4m3 latent | one fp32 scale per
+// 128 latent dims | bf16 rope, 656 B for GLM-5): the latent bytes go through the fp8 path above
+// with kv_scale 1 and the rope through bf16 MMAs (Q's rope scaled like the rest of Q: exact in f16
+// mode). Warp group g's value dims are exactly scale block g, which places each per-key scale
+// where it costs one fp32 multiply and adds no rounding:
+// - Q·K: the group's latent k-steps accumulate <q, k_blk> of the raw bytes; the accumulator is
+//   multiplied by each key's block-g scale before the rope steps add theirs (scale_block_scores),
+//   and the 4 partials are summed as always.
+// - P·V: the scale varies along P·V's k dimension (the keys), so it must enter an operand. The
+//   reducers fold it into P in fp32, one P per group: p * scale_g / ref_g, rounded once to the
+//   MMA type just as p alone would be (store_scaled_p). ref_g, per row, is a power of two at or
+//   above the largest p * scale_g the row has met, kept like a second running max, so P stays
+//   <= 1 and keeps its precision whatever the cache's magnitudes; the group's O is held in units
+//   of ref_g and rescaled with alpha when ref_g moves, and the final 1/l carries ref_g.
 #pragma once
 #include "kgen/rows.cuh"
 
@@ -33,16 +48,17 @@ namespace kgen {
 // Layout: the CTA's shared memory (bytes), rendered by kgen/designs/mma_sync.py (the planner's
 // budget): the staged row strides KV_STRIDE / Q_STRIDE / P_STRIDE (bytes) and S_STRIDE
 // (floats), the KV ring (RING_BYTES; Q is staged through it once), then S_OFF (partial scores
-// [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
-// float per row), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
+// [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [P_COPIES][BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
+// float per row, per copy), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
 // the schedule's scratch (the partial scores are free until the first tile).
 template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_, bool KV_FP8_,
-          bool MMA_E4M3_, class Layout>
+          bool MMA_E4M3_, bool KV_SCALED_, class Layout>
 struct AttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = BM_, BN = BN_;
     static constexpr int WARPS_M = WARPS_M_, DIM_GROUPS = DIM_GROUPS_, STAGES = STAGES_;
     static constexpr bool KV_FP8 = KV_FP8_;
     static constexpr bool MMA_E4M3 = MMA_E4M3_;           // fp8 KV: Q and P in e4m3 too
+    static constexpr bool KV_SCALED = KV_SCALED_;         // fp8 KV in the DSA pool's rows (per-block scales)
     static constexpr bool MMA_F16 = KV_FP8 && !MMA_E4M3;  // fp8 KV converted to f16 in registers
     static constexpr int KV_ELEM = KV_FP8 ? 1 : 2;        // bytes per KV element
     static constexpr int P_ELEM = MMA_E4M3 ? 1 : 2;       // bytes per staged probability
@@ -61,11 +77,17 @@ struct AttnConfig : Layout {
     static constexpr int K_BLOCK = MMA_F16 ? 32 : 16;
     static constexpr int V_BLOCK = KV_FP8 ? 32 : 16;
     static constexpr int VALUE_STEPS = DV_G / K_STEP;
-    static constexpr int ROPE_STEPS = ROPE / K_STEP;
+    static constexpr int ROPE_K_STEP = KV_SCALED ? 16 : K_STEP;  // a scaled row's rope is bf16: k = 16 steps
+    static constexpr int ROPE_STEPS = ROPE / ROPE_K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
-    static constexpr int KV_ROW = D * KV_ELEM;  // bytes per KV row
-    static constexpr int Q_ROW = D * 2;         // bytes per (bf16) query row
+    static constexpr int SCALE_BLOCK = 128;                     // latent dims per block scale of a scaled row
+    static constexpr int SCALE_OFF = DV;                        // a scaled row: latent bytes, then the block scales,
+    static constexpr int ROPE_OFF = DV + DV / SCALE_BLOCK * 4;  // then the bf16 rope
+    static constexpr int KV_ROW = KV_SCALED ? ROPE_OFF + ROPE * 2 : D * KV_ELEM;  // bytes per KV row
+    static constexpr int Q_ROW = D * 2;                         // bytes per (bf16) query row
+    // Scaled rows: each warp group has its own P (and rescale factors, and 1/l) carrying its block's scales.
+    static constexpr int P_COPIES = KV_SCALED ? DIM_GROUPS : 1;
     using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
@@ -77,6 +99,8 @@ struct AttnConfig : Layout {
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
     static_assert(BN % K_BLOCK == 0 && BN % V_BLOCK == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
     static_assert(KV_FP8 || !MMA_E4M3, "e4m3 MMAs need an e4m3 cache");
+    static_assert(!KV_SCALED || (KV_FP8 && DV_G == SCALE_BLOCK && DIM_GROUPS == 4 && ROPE > 0 && ROPE % 16 == 0),
+                  "scaled rows: each warp group's value dims are one scale block (read as a float4 of scales)");
     static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
     static_assert(BM * Q_STRIDE <= RING_BYTES && STAGES * BN * KV_STRIDE <= RING_BYTES, "Q is staged through the KV ring");
     static_assert(Layout::SMEM_BYTES >= BAR_OFF + (2 * STAGES + 1) * 8, "the barriers fit the layout");
@@ -99,8 +123,18 @@ __device__ __forceinline__ mbarrier* q_full(char* smem) {
 template <class C>
 __device__ __forceinline__ int key_dim(int group, int ks) {
     return ks < C::VALUE_STEPS ? group * C::DV_G + ks * C::K_STEP
-                               : C::DV + ((ks - C::VALUE_STEPS) * C::DIM_GROUPS + group) * C::K_STEP;
+                               : C::DV + ((ks - C::VALUE_STEPS) * C::DIM_GROUPS + group) * C::ROPE_K_STEP;
 }
+
+// Byte of key dim d in a staged KV row (a scaled row keeps its bf16 rope after the block scales).
+template <class C>
+__device__ __forceinline__ int key_byte(int d) {
+    return C::KV_SCALED && d >= C::DV ? C::ROPE_OFF + (d - C::DV) * 2 : d * C::KV_ELEM;
+}
+
+// Whether k-step ks is a scaled row's bf16 rope step (a bf16 MMA among the f16/e4m3 ones).
+template <class C>
+__device__ __forceinline__ bool bf16_rope_step(int ks) { return C::KV_SCALED && ks >= C::VALUE_STEPS; }
 
 // Whether group `group` has a k-step `ks` (the rope steps may not divide evenly among groups).
 template <class C>
@@ -127,6 +161,7 @@ struct AttnState {
     float row_max, row_sum;
     float score_scale;  // raw MMA score of row red_row -> log2-domain logit
     float out_scale;    // P·V accumulator -> value units, before 1/l
+    unsigned block_ref;  // scaled rows: row red_row's P reference per group, 2^(e - 127), byte g = e (store_scaled_p)
     int ring_pos;       // KV tiles that have passed through the ring (all ranges so far)
 };
 
@@ -175,6 +210,25 @@ __device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* smem, i
     }
 }
 
+// Dims d, d + 1 of a staged bf16 query row, times inv_scale, as bf16x2.
+__device__ __forceinline__ unsigned scaled_bf16x2(const char* q_row, int d, float inv_scale) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_row + d * 2));
+    return pack_bf16x2(v.x * inv_scale, v.y * inv_scale);
+}
+
+// A bf16 fragment (m16n8k16, the plain k order of key_fragments_b16) of dims [d0, d0 + 16) for rows
+// r and r + 8 of the staged Q tile, scaled: a scaled row's rope k-steps.
+template <class C>
+__device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
+                                              float inv_lo, float inv_hi) {
+    const char* lo = smem + r * C::Q_STRIDE;
+    const char* hi = smem + (r + 8) * C::Q_STRIDE;
+    a[0] = scaled_bf16x2(lo, d0 + 2 * q4, inv_lo);
+    a[1] = scaled_bf16x2(hi, d0 + 2 * q4, inv_hi);
+    a[2] = scaled_bf16x2(lo, d0 + 8 + 2 * q4, inv_lo);
+    a[3] = scaled_bf16x2(hi, d0 + 8 + 2 * q4, inv_hi);
+}
+
 // Q fragments of this warp from the staged Q tile. bf16: ldmatrix. fp8 KV: each row is scaled by
 // its own q_scale (its reducers find max|q| and keep q_scale in score_scale): e4m3 maps max|q| to
 // 448 (no value saturates); f16 divides by a power of two that puts max|q| in [2^14, 2^15)
@@ -214,9 +268,11 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
             const int r = w.wrow0 + mt * 16 + w.g;
             const float inv_lo = inv_q[r], inv_hi = inv_q[r + 8];
 #pragma unroll
-            for (int ks = 0; ks < C::K_STEPS; ++ks)
-                if (has_step<C>(w.group, ks))
-                    quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
+            for (int ks = 0; ks < C::K_STEPS; ++ks) {
+                if (!has_step<C>(w.group, ks)) continue;
+                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
+                else quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
+            }
         }
     }
 }
@@ -251,6 +307,7 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
                 for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
         st.row_max = neg_inf();
         st.row_sum = 0.f;
+        st.block_ref = 0x01010101u;  // 2^-126 each: no scale seen yet
     }
     __syncthreads();  // Q is in registers: the ring may be refilled
 }
@@ -270,13 +327,26 @@ __device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1)
     }
 }
 
+// B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of
+// the 16 keys from key0: kb[n] for keys key0 + [8n, 8n + 8).
+template <class C>
+__device__ __forceinline__ void key_fragments_32b(unsigned (&kb)[2][2], const char* kt, int key0, int k_byte, int lane) {
+    // r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
+    unsigned r[4];
+    ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
+    kb[0][0] = r[0];
+    kb[0][1] = r[1];
+    kb[1][0] = r[2];
+    kb[1][1] = r[3];
+}
+
 // B operands of S = Q·K^T for the k-step at byte k_byte of the K_BLOCK keys from key0: kb[n] for
 // keys key0 + [8n, 8n + 8).
 template <class C>
 __device__ __forceinline__ void key_fragments(unsigned (&kb)[C::K_BLOCK / 8][2], const char* kt, int key0, int k_byte,
                                               int lane) {
-    unsigned r[4];
     if constexpr (C::MMA_F16) {
+        unsigned r[4];
         // 16 dims of 32 keys: register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
         // pairs (the permuted k order quantize_q gives Q).
         ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
@@ -286,12 +356,85 @@ __device__ __forceinline__ void key_fragments(unsigned (&kb)[C::K_BLOCK / 8][2],
             kb[i][1] = e4m3x2_to_f16x2(r[i] >> 16);
         }
     } else {
-        // 32 bytes of 16 keys: r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
-        ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
-        kb[0][0] = r[0];
-        kb[0][1] = r[1];
-        kb[1][0] = r[2];
-        kb[1][1] = r[3];
+        key_fragments_32b<C>(kb, kt, key0, k_byte, lane);
+    }
+}
+
+// Scaled rows: this group's latent k-steps (scale block `group`) summed <q, raw bytes> per key; times
+// each key's block scale that is the latent's score in value units (before the rope steps add theirs).
+template <class C>
+__device__ __forceinline__ void scale_block_scores(float (&s_acc)[C::M_TILES][C::BN / 8][4], const char* kt, int group,
+                                                   int q4) {
+#pragma unroll
+    for (int n = 0; n < C::BN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {  // this lane's keys n*8 + 2*q4 + e, in rows g (k = e) and g + 8 (k = 2 + e)
+            const float scale =
+                *reinterpret_cast<const float*>(kt + (n * 8 + 2 * q4 + e) * C::KV_STRIDE + C::SCALE_OFF + 4 * group);
+#pragma unroll
+            for (int mt = 0; mt < C::M_TILES; ++mt) {
+                s_acc[mt][n][e] *= scale;
+                s_acc[mt][n][2 + e] *= scale;
+            }
+        }
+}
+
+// A scaled-row group's P reference for this reducer's row: a power of two, kept as its biased
+// exponent (one byte per group: the four take one register through the loop).
+template <class C>
+__device__ __forceinline__ float block_ref(const AttnState<C>& st, int group) {
+    return __int_as_float(((st.block_ref >> (8 * group)) & 0xffu) << 23);
+}
+
+// The biased exponent of the smallest power of two >= x >= 0, within the normal range.
+__device__ __forceinline__ int pow2_exp_above(float x) {
+    const int bits = __float_as_int(x);
+    return min(max(((bits >> 23) & 0xff) + ((bits & 0x7fffff) != 0), 1), 254);
+}
+
+// Scaled rows: the reducer of row `row` stores its probabilities once per warp group, each p times
+// its key's block scale over the row's reference for that group, and the groups' rescale factors.
+// The reference is a power of two at or above the largest p * scale the row has met (in the units
+// of its running max, so it follows alpha down), so the stored P is <= 1 and the terms that carry
+// the output keep the MMA type's full precision, whatever the cache's magnitudes; O, held in units
+// of it, is rescaled by the factor stored here when it moves (a row whose maximum has settled and
+// meets no larger term moves nothing).
+template <class C>
+__device__ __forceinline__ void store_scaled_p(AttnState<C>& st, const char* kt, char* p_smem, float* alpha_smem,
+                                               int row, int col0, const float (&p)[C::RED_COLS], float alpha) {
+    const char* scales = kt + col0 * C::KV_STRIDE + C::SCALE_OFF;  // of this reducer's first key
+    float top[4] = {0.f, 0.f, 0.f, 0.f};  // the largest p * block scale of this reducer's keys
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        const float4 sc = *reinterpret_cast<const float4*>(scales + c * C::KV_STRIDE);
+        top[0] = fmaxf(top[0], p[c] * sc.x); top[1] = fmaxf(top[1], p[c] * sc.y);
+        top[2] = fmaxf(top[2], p[c] * sc.z); top[3] = fmaxf(top[3], p[c] * sc.w);
+    }
+    bool moves = alpha != 1.f;
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) moves |= top[gi] > block_ref(st, gi);
+    const bool any_moves = __any_sync(0xffffffffu, moves);  // warp-uniform
+#pragma unroll
+    for (int gi = 0; gi < 4; ++gi) {
+        float factor = alpha;
+        if (any_moves) {
+#pragma unroll
+            for (int off = 1; off < C::RED_THREADS; off *= 2)  // the row's reducers agree
+                top[gi] = fmaxf(top[gi], __shfl_xor_sync(0xffffffffu, top[gi], off));
+            const int old_exp = (st.block_ref >> (8 * gi)) & 0xff;
+            const int new_exp = pow2_exp_above(fmaxf(top[gi], block_ref(st, gi) * alpha));
+            factor = ldexpf(alpha, old_exp - new_exp);  // alpha * old / new <= 1
+            st.block_ref = (st.block_ref & ~(0xffu << (8 * gi))) | (unsigned(new_exp) << (8 * gi));
+        }
+        const float inv_ref = __int_as_float((254 - int((st.block_ref >> (8 * gi)) & 0xff)) << 23);  // exact
+        char* p_row = p_smem + (gi * C::BM + row) * C::P_STRIDE;
+#pragma unroll
+        for (int c = 0; c < C::RED_COLS; c += 2) {  // the scales again from shared memory: registers are short
+            const float s0 = lds_f32(scales + c * C::KV_STRIDE + 4 * gi);
+            const float s1 = lds_f32(scales + (c + 1) * C::KV_STRIDE + 4 * gi);
+            store_p2<C>(p_row, col0 + c, p[c] * s0 * inv_ref, p[c + 1] * s1 * inv_ref);
+        }
+        if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[gi * C::BM + row] = factor;
     }
 }
 
@@ -398,11 +541,24 @@ __device__ __forceinline__ void partial_scores(const AttnState<C>& st, const cha
             for (int k = 0; k < 4; ++k) s_acc[mt][n][k] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < C::K_STEPS; ++ks) {
+        if (C::KV_SCALED && ks == C::VALUE_STEPS) scale_block_scores<C>(s_acc, kt, w.group, w.q4);
         if (!has_step<C>(w.group, ks)) continue;  // warp-uniform
+        if (bf16_rope_step<C>(ks)) {
+#pragma unroll
+            for (int key0 = 0; key0 < C::BN; key0 += 16) {
+                unsigned kb[2][2];
+                key_fragments_32b<C>(kb, kt, key0, key_byte<C>(key_dim<C>(w.group, ks)), w.lane);
+#pragma unroll
+                for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+                    for (int n = 0; n < 2; ++n) mma_16816(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
+            }
+            continue;
+        }
 #pragma unroll
         for (int key0 = 0; key0 < C::BN; key0 += C::K_BLOCK) {
             unsigned kb[C::K_BLOCK / 8][2];
-            key_fragments<C>(kb, kt, key0, key_dim<C>(w.group, ks) * C::KV_ELEM, w.lane);
+            key_fragments<C>(kb, kt, key0, key_byte<C>(key_dim<C>(w.group, ks)), w.lane);
 #pragma unroll
             for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
@@ -425,7 +581,7 @@ __device__ __forceinline__ void partial_scores(const AttnState<C>& st, const cha
 // 2. Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
 // softmax (base 2), its probabilities into P and the row's rescale factor alpha.
 template <class C, class Visible>
-__device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, int tile, int num_keys,
+__device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const char* kt, int tile, int num_keys,
                                              const Visible& visible, const WarpCoords& w) {
     const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
     const int red_row = w.red_row, red_col0 = w.red_col0;
@@ -464,16 +620,23 @@ __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, int t
     }
     st.row_sum = st.row_sum * step.alpha + tile_sum;
     char* p_smem = smem + C::P_OFF;
+    float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
+    if constexpr (C::KV_SCALED) {
+        store_scaled_p<C>(st, kt, p_smem, alpha_smem, red_row, red_col0, p, step.alpha);
+    } else {
 #pragma unroll
-    for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
-    if (threadIdx.x % C::RED_THREADS == 0) reinterpret_cast<float*>(smem + C::ALPHA_OFF)[red_row] = step.alpha;
+        for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
+        if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[red_row] = step.alpha;
+    }
 }
 
 // 3. Rescale this warp's output rows by their alpha and add P·V for its value columns. Once the
 // running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
 template <class C>
 __device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, const char* kt, const WarpCoords& w) {
-    const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF);
+    // The probabilities and rescale factors this warp multiplies its values by (scaled rows: its group's).
+    const int copy = C::P_COPIES > 1 ? w.group : 0;
+    const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF) + copy * C::BM;
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const float a_lo = alpha_smem[w.wrow0 + mt * 16 + w.g], a_hi = alpha_smem[w.wrow0 + mt * 16 + w.g + 8];
@@ -484,7 +647,7 @@ __device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, con
             st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
         }
     }
-    pv_tile<C>(st, smem + C::P_OFF, kt, w);
+    pv_tile<C>(st, smem + C::P_OFF + copy * C::BM * C::P_STRIDE, kt, w);
 }
 
 // Compute warps: attend over the staged tiles, continuing the online softmax in `st`. Per tile:
@@ -502,7 +665,7 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
         const char* kt = smem + stage * C::BN * C::KV_STRIDE;
         partial_scores<C>(st, kt, s_part, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-        softmax_tile<C>(smem, st, tile, num_keys, visible, w);
+        softmax_tile<C>(smem, st, kt, tile, num_keys, visible, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
         rescale_and_pv<C>(smem, st, kt, w);
         mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage
@@ -533,14 +696,19 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
 #pragma unroll
     for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
     if (threadIdx.x % C::RED_THREADS == 0) {
-        inv_l_smem[w.red_row] = row_inv_l(row_sum, st.out_scale);
+#pragma unroll
+        for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows: group gi's O is in units of its reference
+            // (kv_scale is 1 for scaled rows, so their out_scale is 1 / P_SCALE: no register for it through the loop)
+            inv_l_smem[gi * C::BM + w.red_row] =
+                row_inv_l(row_sum, C::KV_SCALED ? block_ref(st, gi) / C::P_SCALE : st.out_scale);
         part_lse[w.red_row] = row_lse(st.row_max, row_sum);
     }
     named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
+    const float* my_inv_l = inv_l_smem + (C::P_COPIES > 1 ? w.group : 0) * C::BM;
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const int r = w.wrow0 + mt * 16 + w.g;
-        const float il_lo = inv_l_smem[r], il_hi = inv_l_smem[r + 8];
+        const float il_lo = my_inv_l[r], il_hi = my_inv_l[r + 8];
         float* lo = part_o + r * C::DV;
         float* hi = part_o + (r + 8) * C::DV;
 #pragma unroll

@@ -36,7 +36,7 @@ template <class C, int MASK_WORDS, class RequestMask>
 __device__ __forceinline__ KeyRange<KeyRows<C>, TreeVisible<C, MASK_WORDS>> tree_range(
     const char* k_tree, const RequestMask& request_mask, const ItemRows& r, int row_tile, bool attend_tree) {
     const int tiles = attend_tree ? (r.tokens + C::BN - 1) / C::BN : 0;
-    return {KeyRows<C>{k_tree + (long long)r.qo0 * C::D * C::KV_ELEM}, r.tokens,
+    return {KeyRows<C>{k_tree + (long long)r.qo0 * C::KV_ROW}, r.tokens,
             TreeVisible<C, MASK_WORDS>{request_mask(r.qo0), row_tile, r.rows}, 0, tiles};
 }
 
@@ -53,7 +53,7 @@ __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, cons
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
     const int page0 = kv_indptr[item.b], prefix_len = max(schedule.kv_lens[item.b], 0);
-    const PagedRows<C::D * C::KV_ELEM, PAGE_SIZE> pages{kv_cache, kv_indices + page0, kv_indptr[item.b + 1] - page0,
+    const PagedRows<C::KV_ROW, PAGE_SIZE> pages{kv_cache, kv_indices + page0, kv_indptr[item.b + 1] - page0,
                                                         num_slots, schedule.validate, schedule.error_flag};
     const KeyRange<decltype(pages), AllVisible> prefix{pages, prefix_len, AllVisible{}, item.tile_begin, item.tile_end};
     const QueryRows<C> q_rows{reinterpret_cast<const char*>(q + r.row0 * C::D)};

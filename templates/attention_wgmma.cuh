@@ -38,6 +38,7 @@ template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, class Layout>
 struct WgmmaAttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
     static constexpr int KV_ELEM = 2;         // bf16 KV
+    static constexpr int KV_ROW = D * 2;      // bytes per KV row
     static constexpr int THREADS = 3 * 128;   // producer warpgroup, two consumer warpgroups
     static constexpr int CONSUMER_WARPS = 8;
     using Layout::Q_REG_STEPS, Layout::Q_SMEM_DIM0, Layout::SLAB, Layout::STAGE_BYTES;

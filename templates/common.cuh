@@ -83,6 +83,14 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                  :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
+// A float from shared memory, loaded where it is used (volatile: the compiler may not keep an
+// earlier load of it in a register instead, where registers are the scarcer resource).
+__device__ __forceinline__ float lds_f32(const void* p) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(smem_addr(p)));
+    return v;
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -33,7 +33,7 @@ struct ContiguousRows {
 template <class C>
 using QueryRows = ContiguousRows<C::D * 2>;  // q rows are bf16
 template <class C>
-using KeyRows = ContiguousRows<C::D * C::KV_ELEM>;  // key rows in the KV type
+using KeyRows = ContiguousRows<C::KV_ROW>;  // key rows in the cache's format
 
 // A request's prefix in a paged cache of ROW_BYTES rows: token t lives at slot
 // page_ids[t / PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE. With `validate`, a token outside the

@@ -11,54 +11,13 @@ import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_harness import Harness, Step, rel_l2, stand_in_missing  # noqa: E402
+from sglang_harness import Harness, RefModule, Step, rel_l2, stand_in_missing  # noqa: E402
 
 stood_in = stand_in_missing()
 
 import torch  # noqa: E402
 
 import kgen  # noqa: E402
-from kgen.reference import prefix_attention_ref, verify_attention_ref  # noqa: E402
-
-
-class RefModule:
-    """kgen.jit's op module, computed by kgen.reference on the CPU; records its layer calls."""
-
-    def __init__(self, spec):
-        self.spec, self.device, self.calls = spec, torch.device("cpu"), []
-        m = spec.model
-        self.args = (1, m.softmax_scale, m.value_dim)
-
-    def workspace_bytes(self, num_tokens, batch):
-        return 1
-
-    def prepare(self, qo, kv_indptr, kv_indices, kv_lens, tree_mask, *, num_tokens, workspace=None):
-        assert qo.numel() - 1 == kv_lens.numel() and (tree_mask is None or tree_mask.shape[0] == num_tokens)
-        return RefStep(self, (qo, kv_indptr, kv_indices, kv_lens), tree_mask)
-
-    def defrag(self, layers, src, dst):
-        for layer in layers:
-            layer[dst] = layer[src].clone()
-
-
-class RefStep:
-    """A prepared step: reads the metadata tensors at each call, as kgen's kernels do."""
-
-    def __init__(self, mod: RefModule, prefix, tree_mask):
-        self.mod, self.prefix_meta, self.tree_mask = mod, prefix, tree_mask
-
-    def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
-        self.mod.calls.append("verify")
-        qo, kv_indptr, kv_indices, kv_lens = self.prefix_meta
-        o, _ = verify_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), k_tree, qo, kv_indptr, kv_indices,
-                                    kv_lens, self.tree_mask, *self.mod.args, kv_scale=kv_scale)
-        return out.copy_(o), None
-
-    def prefix(self, q, kv_cache, *, kv_scale=1.0, out=None, lse=None):
-        self.mod.calls.append("prefix")
-        o, _ = prefix_attention_ref(q, kv_cache.view(kv_cache.shape[0], -1), *self.prefix_meta, *self.mod.args,
-                                    kv_scale=kv_scale)
-        return out.copy_(o), None
 
 
 def defrag_pass(h: Harness, gen: torch.Generator) -> dict:

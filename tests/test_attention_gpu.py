@@ -20,12 +20,14 @@ pytestmark = pytest.mark.gpu
 # Random batches per spec: heads 8 / 16 / 128, page sizes 1 / 16 / 64, dynamic trees up to 64 /
 # 1024 / 16 nodes, and the static 5-node tree.
 # fp8 e4m3 KV: glm5_fp8_sm120 (f16 MMAs, page size 1), glm5_fp8_p64_sm120 (page size 64) and
-# glm5_fp8_mma_e4m3_sm120 (e4m3 MMAs).
+# glm5_fp8_mma_e4m3_sm120 (e4m3 MMAs). SGLang's DSA pool (page size 64): glm5_p64_sm120 (bf16 rows),
+# glm5_dsa_fp8_sm120 (656-byte fp8 rows with per-block scales, f16 MMAs), glm5_dsa_e4m3_sm120 (e4m3 MMAs).
 RANDOM_CASES = {"glm5_sm120": 60, "glm5_tp4_sm120": 40, "deepseek_v3_sm120": 40, "glm5_p16_sm120": 40,
                 "glm5_static5_sm120": 20, "glm5_fp8_sm120": 30, "glm5_fp8_p64_sm120": 20,
-                "glm5_fp8_mma_e4m3_sm120": 20}
+                "glm5_fp8_mma_e4m3_sm120": 20, "glm5_p64_sm120": 20, "glm5_dsa_fp8_sm120": 30,
+                "glm5_dsa_e4m3_sm120": 15}
 DYNAMIC_SPECS = ["glm5_sm120", "glm5_tp4_sm120", "deepseek_v3_sm120", "glm5_p16_sm120", "glm5_fp8_sm120",
-                 "glm5_fp8_mma_e4m3_sm120"]
+                 "glm5_fp8_mma_e4m3_sm120", "glm5_p64_sm120", "glm5_dsa_fp8_sm120", "glm5_dsa_e4m3_sm120"]
 MAX_ROWS = 1 << 17  # sum T * H of one random batch
 MAX_LOGITS = 1 << 28  # sum over requests of T * H * (L + T): keeps the float64 reference quick
 
@@ -153,6 +155,10 @@ def test_rows_that_see_nothing_get_zero_and_minus_inf(module_for, cuda, seed, sp
     ("glm5_fp8_sm120", [16], [131072]),
     ("glm5_fp8_p64_sm120", [16, 3], [100003, 4097]),
     ("glm5_fp8_mma_e4m3_sm120", [16, 3], [131072, 4097]),
+    ("glm5_p64_sm120", [16, 1], [131072, 100003]),
+    ("glm5_dsa_fp8_sm120", [16], [131072]),
+    ("glm5_dsa_fp8_sm120", [64, 3], [100003, 4097]),
+    ("glm5_dsa_e4m3_sm120", [16, 3], [131072, 4097]),
 ])
 def test_long_prefixes_match_the_reference(module_for, cuda, seed, spec_name, sizes, lens):
     mod = module_for(spec_name)
@@ -182,7 +188,7 @@ def load(buffers: dict, inp) -> None:
 
 
 @pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_p16_sm120", "deepseek_v3_sm120", "glm5_static5_sm120",
-                                       "glm5_fp8_sm120"])
+                                       "glm5_fp8_sm120", "glm5_dsa_fp8_sm120"])
 def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, seed, spec_name):
     mod = module_for(spec_name)
     dims = Dims.of(mod.spec)
@@ -190,12 +196,12 @@ def test_cuda_graph_replays_with_new_lengths_pages_and_masks(module_for, cuda, s
     sizes = [dims.max_nodes if dims.parents else rng.randint(1, dims.max_nodes) for _ in range(4)]
     max_len = 3000
     pool = len(sizes) * math.ceil(max_len / dims.page_size) + 4
-    kv_scale = rng.uniform(0.25, 4.0)  # baked into the graph: every replayed batch uses it
+    kv_scale = 1.0 if dims.scales == "per_block" else rng.uniform(0.25, 4.0)  # baked into the graph
 
     def batch(lens):
         inp = make_verify_inputs(replace(dims, kv_dtype="bfloat16"), sizes, lens, tree_kind=rng.choice(TREE_KINDS),
                                  device=cuda, generator=g, num_pages=pool)
-        return inp.to_fp8(kv_scale) if dims.kv_dtype == "float8_e4m3fn" else inp
+        return inp.stored_as(dims, kv_scale)
 
     captured = batch([rng.randint(0, 64) for _ in sizes])  # captured with short prefixes, replayed with long
     buffers = {name: getattr(captured, name).clone() for name in
@@ -308,6 +314,12 @@ def test_validate_mode_checks_indices_on_the_device(module_for, cuda, seed, monk
     ("glm5_fp8_sm120", {"kv_scale": "tensor"}, "kv_scale", TypeError),
     ("glm5_fp8_sm120", {"kv_cache": "bf16"}, "kv_cache", TypeError),  # an fp8 spec reads e4m3 bytes
     ("glm5_fp8_sm120", {"k_tree": "float32"}, "k_tree", TypeError),
+    ("glm5_dsa_fp8_sm120", {"kv_scale": 0.5}, "kv_scale", ValueError),  # DSA rows carry their own scales
+    ("glm5_dsa_fp8_sm120", {"kv_cache": "bf16"}, "kv_cache", TypeError),  # uint8 rows, not bf16 values
+    ("glm5_dsa_fp8_sm120", {"kv_cache": "e4m3"}, "kv_cache", TypeError),  # nor e4m3 bytes without scales
+    ("glm5_dsa_fp8_sm120", {"kv_cache": "rows576"}, "kv_cache", ValueError),  # 656-byte rows
+    ("glm5_dsa_fp8_sm120", {"k_tree": "tree576"}, "k_tree", ValueError),  # uint8 tree rows are 656 bytes too
+    ("glm5_dsa_fp8_sm120", {"k_tree": "float32"}, "k_tree", TypeError),
 ])
 def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spec_name, change, arg, error):
     mod = module_for(spec_name)
@@ -315,7 +327,10 @@ def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spe
     kwargs = {name: getattr(inp, name) for name in OP_ARGS["verify_attention"]} | inp.kv_kwargs
     fills = {"tensor": torch.tensor(1.0, device=cuda), "bf16": torch.zeros(inp.kv_cache.shape, dtype=torch.bfloat16,
                                                                           device=cuda),
-             "float32": inp.k_tree.float()}
+             "float32": inp.k_tree.float(), "e4m3": torch.zeros(inp.kv_cache.shape[0], 576, dtype=torch.float8_e4m3fn,
+                                                                  device=cuda),
+             "rows576": torch.zeros(inp.kv_cache.shape[0], 576, dtype=torch.uint8, device=cuda),
+             "tree576": torch.zeros(inp.k_tree.shape[0], 576, dtype=torch.uint8, device=cuda)}
     kwargs.update({k: fills.get(v, v) if isinstance(v, str) else v for k, v in change.items()})
     with pytest.raises(error, match=rf"\b{arg}\b"):
         mod.verify_attention(**kwargs)

@@ -4,6 +4,7 @@ import random
 from pathlib import Path
 
 import pytest
+import yaml
 
 import kgen
 from kgen import nvrtc
@@ -110,11 +111,25 @@ def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring(name, mma, tag):
     assert p8.tiles.stages == 2 * plan(bf16).tiles.stages == 4  # 592-byte rows instead of 1168
     v = p8.variant("verify_attn")
     src = render(v)
-    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, and the layout: 592-byte KV rows + 16 of padding
-    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, Layout>;" in src
+    # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, DSA rows, and the layout: 592-byte KV rows + 16 of padding
+    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, false, Layout>;" in src
     assert "static constexpr int KV_STRIDE = 592;" in src
     assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
     assert tag in v.variant_id
+
+
+def test_dsa_pool_rows_plan_656_byte_rows_in_three_stages_on_sm120():
+    """cache.scales per_block: 656-byte rows (41 16-byte chunks: bulk-copyable, and an odd count, so
+    ldmatrix rows need no padding), one P, alpha and 1/l per warp group; 3 stages fit 99 KB."""
+    spec = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
+    p = plan(spec)
+    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles.design == "mma_sync"  # wgmma takes bf16 only
+    kv, s_part, p_bytes, stats, bars = 3 * 32 * 656, 4 * 32 * 40 * 4, 4 * 32 * (32 * 2 + 16), 4 * 2 * 32 * 4, 7 * 8
+    assert p.tiles.smem_bytes(spec) == kv + s_part + p_bytes + stats + bars <= SM120_SMEM
+    v = p.variant("verify_attn")
+    assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, Layout>;" in render(v)
+    assert "static constexpr int KV_STRIDE = 656;" in render(v)
+    assert "_e4m3f16_pb_" in v.variant_id and "const unsigned char* __restrict__ kv_cache" in render(v)
 
 
 @pytest.mark.parametrize("name, mma", [("glm5_fp8_sm120", "HMMA"), ("glm5_fp8_mma_e4m3_sm120", "QMMA")])
@@ -126,6 +141,18 @@ def test_fp8_loop_runs_the_mma_its_spec_chooses_on_sm120(name, mma, cache):
                       inspect=True)
     assert b.sass.get(mma) == 68 if mma == "HMMA" else b.sass.get(mma) == 36
     assert not b.sass.get("QMMA" if mma == "HMMA" else "HMMA")
+
+
+@pytest.mark.parametrize("mma, counts", [("f16", {"HMMA": 68}), ("e4m3", {"QMMA": 32, "HMMA": 4})])
+def test_dsa_row_loop_runs_latent_in_its_mma_type_and_rope_in_bf16(mma, counts, cache):
+    """Per k-step code of one CTA: latent Q·K (32 f16 / 16 e4m3 MMAs), the bf16 rope step (4 HMMAs),
+    P·V (32 f16 / 16 e4m3)."""
+    from kgen.build import build_variant
+
+    data = yaml.safe_load((ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml").read_text())
+    data["cache"]["mma"] = mma
+    b = build_variant(plan(parse_spec(data)).variant("prefix_attn"), "sm_120", cache, inspect=True)
+    assert {k: b.sass.get(k) for k in counts} == counts and (mma == "e4m3") == bool(b.sass.get("QMMA"))
 
 
 def test_rendered_source_injects_plan_values():

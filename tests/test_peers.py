@@ -120,31 +120,17 @@ def test_shapes_option():
     assert len(set(both)) == len(both)
 
 
-def test_dsa_rows_dequantize_by_their_byte_layout():
-    """512 e4m3 bytes | 4 fp32 scales | 64 bf16 rope: block k of the latent is multiplied by scale k."""
-    latent = torch.full((1, 512), 1.5).to(torch.float8_e4m3fn)
-    scales = torch.tensor([[1.0, 2.0, 0.25, 8.0]])
-    rope = torch.arange(64, dtype=torch.float32).view(1, 64).to(torch.bfloat16)
-    row = torch.cat([latent.view(torch.uint8), scales.view(torch.uint8), rope.view(torch.uint8)], dim=1)
-    assert row.shape == (1, peers.DSA_ROW_BYTES)
-    k = peers.dequantize_dsa_rows(row)
-    assert k.dtype == torch.float64 and k.shape == (1, 576)
-    assert k[0, :512].tolist() == [1.5 * s for s in (1.0, 2.0, 0.25, 8.0) for _ in range(128)]
-    assert k[0, 512:].tolist() == list(range(64))
-    g = torch.Generator().manual_seed(0)
-    rows = peers.random_dsa_rows(8, generator=g, device="cpu")
-    keys = peers.dequantize_dsa_rows(rows)
-    assert rows.dtype == torch.uint8 and rows.shape == (8, 656) and keys.isfinite().all()
-    assert 0.3 < keys[:, :512].abs().mean() < 3  # about unit size: e4m3 values times scales in [1/4, 4]
-
-
 def test_sparse_reference_attends_to_the_listed_rows_only(seed):
+    from kgen.fp8 import quantize_rows
+    from kgen.reference import dequantize_scaled_rows
+
     g = torch.Generator().manual_seed(seed)
-    rows = peers.random_dsa_rows(128, generator=g, device="cpu")
+    rows = quantize_rows(torch.randn(128, 576, generator=g).to(torch.bfloat16), 512)
+    assert rows.shape == (128, peers.DSA_ROW_BYTES)
     q = torch.randn(3, 8, 576, generator=g).to(torch.bfloat16)
     lists = torch.tensor([[5, 70, -1, 9], [-1, -1, -1, -1], [127, 0, 64, 1]], dtype=torch.int32)
     o = peers.sparse_reference(q, rows, lists, scale=0.04)
-    keys = peers.dequantize_dsa_rows(rows)
+    keys = dequantize_scaled_rows(rows, 512)
     for i, listed in enumerate(([5, 70, 9], [], [127, 0, 64, 1])):
         if not listed:
             assert (o[i] == 0).all()

@@ -85,6 +85,7 @@ def test_defrag_is_off_unless_asked_for(monkeypatch, value, on):
     installed = []
     monkeypatch.setattr(sglang_compat, "check", lambda defrag=False: "0.5.23")
     monkeypatch.setattr(sglang_compat, "register_backend", lambda name, factory: None)
+    monkeypatch.setattr(sglang_compat, "resolve_speculative_as_triton", lambda name: None)
     monkeypatch.setattr(sglang_defrag, "install", lambda: installed.append(True))
     integration.register()
     assert sglang_defrag.enabled() is on and installed == ([True] if on else [])

@@ -12,7 +12,6 @@ which the GPU machine lacks; nothing of SGLang itself. Run with bench/gpu_sglang
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_harness import Harness, Step, rel_l2, stand_in_missing  # noqa: E402
+from sglang_harness import Captured, Harness, Step, gpu_ready, rel_l2  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -30,14 +29,7 @@ TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def harness(cuda):
-    if importlib.util.find_spec("sglang") is None:
-        pytest.skip("sglang is not installed (bench/gpu_sglang.sh installs the carried wheels)")
-    stood_in = stand_in_missing()
-    print(f"stood in for: {stood_in or 'nothing'}")
-    assert set(stood_in) <= {"sgl_kernel", "torchvision"}
-    from kgen.integrations import sglang as integration
-
-    integration.register()
+    gpu_ready()
     return Harness(cuda, max_bs=MAX_BS, context_len=CONTEXT, draft_tokens=DRAFT)
 
 
@@ -99,33 +91,9 @@ def test_cuda_graph_replays_through_the_backends_hooks_match_triton(harness, pai
     (kb, rk), (tb, rt) = pair
     gen = torch.Generator().manual_seed(seed)
     n = 16 if verify else 0
-    kb.init_cuda_graph_state(MAX_BS, MAX_BS * max(n, 1))
-    first = Step(harness, [1] * MAX_BS, n, gen)
-    first.load(rk)
-    fb = first.forward_batch(rk, pad_to=MAX_BS)
-    q, k, v = first.inputs(rk.device, pad_to=MAX_BS)
-    kb.init_forward_metadata_out_graph(fb, in_capture=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        kb.forward(q, k, v, rk.layer, fb, save_kv_cache=True)  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = kb.forward(q, k, v, rk.layer, fb, save_kv_cache=True)
-
+    graph = Captured(kb, rk, Step(harness, [1] * MAX_BS, n, gen), MAX_BS)
     for r in range(9):
         step = random_step(harness, gen, n, [50, 900, CONTEXT - DRAFT][r % 3], bs=MAX_BS if r % 3 == 0 else None)
-        step.load(rk)
-        new = step.forward_batch(rk, pad_to=MAX_BS)
-        for name in ("req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc", "positions"):
-            getattr(fb, name).copy_(getattr(new, name))
-        fb.seq_lens_sum, fb.spec_info = new.seq_lens_sum, new.spec_info
-        kb.init_forward_metadata_out_graph(fb)
-        new_q, new_k, _ = step.inputs(rk.device, pad_to=MAX_BS)
-        q.copy_(new_q)
-        k.copy_(new_k)
-        out.fill_(float("nan"))
-        graph.replay()
+        out, = graph.replay(step)
         want = run_eager(tb, rt, step)
-        check(step, out.clone(), want, rk, rt, f"replay {r} ({len(step.lens)} of {MAX_BS} requests)")
+        check(step, out, want, rk, rt, f"replay {r} ({len(step.lens)} of {MAX_BS} requests)")

@@ -58,6 +58,10 @@ def test_shipped_specs_load(path):
      "cache.mma", "multiple of 128"),
     (with_("cache.mma", "e4m3"), "cache.mma", "a bfloat16 cache always runs bf16 MMAs"),
     (with_("cache", {"page_size": 1, "kv_dtype": "float8_e4m3fn", "mma": "bf16"}), "cache.mma", "16-bit mode is f16"),
+    (with_("cache.scales", "per_block"), "cache.scales", "a bfloat16 cache has none"),
+    (with_("cache", {"page_size": 64, "kv_dtype": "float8_e4m3fn", "scales": "per_row"}), "cache.scales", "per_tensor"),
+    (with_("model.kv_lora_rank", 256, with_("cache", {"page_size": 64, "kv_dtype": "float8_e4m3fn",
+                                                      "scales": "per_block"})), "cache.scales", "kv_lora_rank = 4 x 128"),
 ])
 def test_bad_spec_names_the_field(data, field, words):
     with pytest.raises(SpecError) as e:
@@ -72,6 +76,14 @@ def test_fp8_mma_precision_defaults_to_f16():
     assert parse_spec(fp8).cache.mma_type == "f16"
     assert parse_spec(with_("cache.mma", "e4m3", fp8)).cache.mma_type == "e4m3"
     assert parse_spec(base()).cache.mma_type == "bf16"
+
+
+def test_per_block_scales_select_the_dsa_pool_rows():
+    s = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
+    assert s.cache.per_block and s.cache.page_size == 64 and s.cache.mma_type == "f16"
+    per_tensor = parse_spec(with_("cache", {"page_size": 1, "kv_dtype": "float8_e4m3fn"}))
+    assert per_tensor.cache.scales is None and not per_tensor.cache.per_block  # the default: one kv_scale
+    assert not parse_spec(with_("cache.scales", "per_tensor", with_("cache.kv_dtype", "float8_e4m3fn"))).cache.per_block
 
 
 def test_static_tree_sets_nodes():

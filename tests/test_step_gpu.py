@@ -31,13 +31,15 @@ def gpu_activities(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
-@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_static5_sm120", "glm5_fp8_sm120"])
+@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_static5_sm120", "glm5_fp8_sm120", "glm5_dsa_fp8_sm120"])
 def test_an_attention_call_is_two_launches(module_for, cuda, seed, spec_name):
     mod = module_for(spec_name)
     dims = Dims.of(mod.spec)
     sizes = [dims.max_nodes] * 2 if dims.parents else [7, 30]
     x = make_verify_inputs(dims, sizes, [300, 45], device=cuda, generator=generator(cuda, seed))
-    k_tree = fp8.quantize(x.k_tree, x.kv_scale) if x.kv_fp8 else x.k_tree  # bf16 keys would add a quantize
+    k_tree = x.k_tree  # in the cache's format: bf16 keys of an fp8 spec would add a quantize
+    if x.kv_fp8 or x.kv_scaled:
+        k_tree = fp8.quantize_rows(k_tree, x.value_dim) if x.kv_scaled else fp8.quantize(k_tree, x.kv_scale)
     out, lse = x.outputs()
     step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)
     verify_args = (x.q, x.kv_cache, k_tree, *x.verify_args()[3:])
@@ -69,7 +71,7 @@ def split(total: int, parts: int, most: int, rng: random.Random) -> list[int]:
 
 
 @pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_p16_sm120", "deepseek_v3_sm120", "glm5_static5_sm120",
-                                       "glm5_fp8_sm120"])
+                                       "glm5_fp8_sm120", "glm5_dsa_fp8_sm120"])
 def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, cuda, seed, spec_name):
     """Three layers' verify calls (and layer 0's prefix and tree calls) of one step in one graph,
     replayed after new lengths, pages, tree shapes (the same token count, split otherwise) and
@@ -80,7 +82,7 @@ def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, c
     batch_size, max_len, layers = 4, 3000, 3
     total = batch_size * dims.max_nodes if dims.parents else rng.randint(batch_size, batch_size * dims.max_nodes)
     pool = batch_size * math.ceil(max_len / dims.page_size) + 4
-    fp8_kv = dims.kv_dtype == "float8_e4m3fn"
+    fp8_kv = dims.kv_dtype == "float8_e4m3fn" and dims.scales == "per_tensor"
     scales = [rng.uniform(0.25, 4.0) if fp8_kv else 1.0 for _ in range(layers)]  # kept by the graph, per layer
 
     def randn(t):
@@ -95,7 +97,7 @@ def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, c
         per_layer = [first] + [replace(first, q=randn(first.q), k_tree=randn(first.k_tree),
                                        kv_cache=randn(first.kv_cache).masked_fill(unused[:, None], float("nan")))
                                for _ in range(layers - 1)]
-        return [x.to_fp8(s) if fp8_kv else x for x, s in zip(per_layer, scales)]
+        return [x.stored_as(dims, s) for x, s in zip(per_layer, scales)]
 
     captured = batch([rng.randint(0, 64) for _ in range(batch_size)])  # captured with short prefixes
     meta = {name: getattr(captured[0], name).clone() for name in ("qo_indptr", "kv_indptr", "kv_lens", "tree_mask")}

@@ -39,11 +39,13 @@ class MmaSyncTiles:
     def layout(self, spec: Spec) -> dict[str, int]:
         """Shared memory of one attention CTA (bytes), as AttnConfig reads it: the KV ring (Q is
         staged through it once), the partial scores of each dim group, the probabilities, each row's
-        rescale factor and final 1/l, and the mbarriers (full and empty per stage, one for Q)."""
+        rescale factor and final 1/l (DSA pool rows: one P and these per warp group), and the
+        mbarriers (full and empty per stage, one for Q)."""
         elem, d = kvrows.elem_bytes(spec), spec.model.head_dim
         k_step = 32 // elem  # dims of one MMA k-step
         q_stride = d * 2 + ROW_PAD  # bf16 Q rows
-        kv_stride = d * elem + ROW_PAD
+        kv_stride = kvrows.staged_stride(kvrows.row_bytes(spec), ROW_PAD)
+        copies = DIM_GROUPS if spec.cache.per_block else 1  # DSA rows: P, alpha and 1/l per warp group
         ring = self.stages * self.bn * kv_stride
         check(not (self.bm % 16 or self.bm % self.warps_m or (self.bm // self.warps_m) % 16 or self.bn % 16
                    or self.bn % k_step or self.bm * q_stride > ring),
@@ -54,9 +56,9 @@ class MmaSyncTiles:
         p_stride = self.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD
         s_off = ring
         p_off = s_off + DIM_GROUPS * self.bm * s_stride * 4
-        alpha_off = p_off + self.bm * p_stride
-        inv_l_off = alpha_off + self.bm * 4
-        bar_off = inv_l_off + self.bm * 4
+        alpha_off = p_off + copies * self.bm * p_stride
+        inv_l_off = alpha_off + copies * self.bm * 4
+        bar_off = inv_l_off + copies * self.bm * 4
         return {"KV_STRIDE": kv_stride, "Q_STRIDE": q_stride, "S_STRIDE": s_stride, "P_STRIDE": p_stride,
                 "RING_BYTES": ring, "S_OFF": s_off, "P_OFF": p_off, "ALPHA_OFF": alpha_off, "INV_L_OFF": inv_l_off,
                 "BAR_OFF": bar_off, "SMEM_BYTES": bar_off + (2 * self.stages + 1) * 8,
@@ -70,9 +72,10 @@ class MmaSyncTiles:
         m = spec.model
         fp8 = "true" if spec.cache.kv_dtype == "float8_e4m3fn" else "false"
         e4m3 = "true" if spec.cache.mma_type == "e4m3" else "false"
+        scaled = "true" if spec.cache.per_block else "false"
         return render_config("the mma.sync loop (kgen/designs/mma_sync.py)", self.layout(spec),
                              f"kgen::AttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bm}, {self.bn}, "
-                             f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, Layout>")
+                             f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, {scaled}, Layout>")
 
     def describe(self) -> str:
         return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "

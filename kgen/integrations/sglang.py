@@ -5,14 +5,19 @@ process before it parses arguments, and it registers "kgen" in SGLang's attentio
 in the --attention-backend / --decode-attention-backend / --prefill-attention-backend choices.
 
 The backend is SGLang's Triton backend with two forward modes taken over on absorbed-MLA layers
-(q [T, H, 576], one latent KV row per token, values = its first 512 dims, bf16 or fp8 e4m3
-cache, page size 1); `kgen_mode` is the one place that decides:
+(q [T, H, 576], one latent KV row per token, values = its first 512 dims) over SGLang's plain MLA
+KV pool (bf16 or fp8 e4m3 rows, page size 1) or its DSA pool (GLM-5, DeepSeek-V3.2: bf16 rows, or
+fp8 rows with per-block scales, page size 64; read by slot, as Triton reads it; dense attention,
+since SGLang's DSA indexer picks no top-k for a non-DSA backend); `kgen_mode` is the one place
+that decides:
 
 - TARGET_VERIFY (tree verify) -> kgen's verify attention (prefix split-KV + tree + merge);
 - DECODE without a draft (one query token per request) -> kgen's prefix attention.
 
 Everything else (prefill, draft modes, layers kgen cannot read as SGLang does, calls with extra
-arguments) is SGLang's Triton backend unchanged. Every SGLang internal used here goes through
+arguments) is SGLang's Triton backend unchanged. Server-arg resolution treats "kgen" as "triton"
+for speculative decoding (a resolution hook): EAGLE trees (topk > 1) at page size > 1 take Triton's
+draft path, with the draft's attention on Triton. Every SGLang internal used here goes through
 sglang_compat.py. Per forward batch, `init_forward_metadata` (and the CUDA-graph hooks) turn
 SGLang's metadata into kgen's on the device (no host sync) and prepare one kgen step; each layer
 then only runs it. An fp8 cache is read as SGLang's Triton backend reads it: a stored row means
@@ -22,18 +27,27 @@ its e4m3 values times the layer's k_scale (1 without one); new rows are stored a
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 
 import torch
 
 from .. import env
 from ..errors import KgenError
+from ..spec import CacheSpec
 from . import sglang_compat as compat
 from . import sglang_defrag
 from .sglang_mla import KgenMLA
 
 NAME = "kgen"
 VERIFY, DECODE = "verify", "decode"
+SCALE_BLOCK = 128  # latent dims per fp32 scale in scaled fp8 rows
+SCALED_ROWS_ON_TRITON = (
+    "kgen backend: a {mode} call of layer {layer} on a DSATokenToKVPool of fp8 rows with per-block scales, which "
+    "kgen does not serve and SGLang's Triton backend cannot read or write; serve GLM-5 with --kv-cache-dtype bf16, "
+    "or keep every prefill free of a cached prefix (--disable-radix-cache --chunked-prefill-size -1) and the draft "
+    "on bf16 rows (--speculative-draft-kv-cache-dtype bf16): docs/sglang.md")
 KV_DTYPES = {torch.bfloat16: "bfloat16", torch.float8_e4m3fn: "float8_e4m3fn"}  # SGLang's cache dtype -> kgen's
 logger = logging.getLogger(__name__)
 
@@ -52,9 +66,11 @@ def plugin() -> None:
 
 def register() -> None:
     """Check the installed SGLang (sglang_compat.check), then add the "kgen" backend to its
-    registry and CLI choices (idempotent); with KGEN_DEFRAG=1 also install the defrag hook."""
+    registry and CLI choices and its speculative-decoding resolution step (idempotent); with
+    KGEN_DEFRAG=1 also install the defrag hook."""
     compat.check()
     compat.register_backend(NAME, create_backend)
+    compat.resolve_speculative_as_triton(NAME)
     if sglang_defrag.enabled():
         sglang_defrag.install()
 
@@ -81,7 +97,8 @@ def kgen_mode(forward_batch) -> str | None:
 
 
 def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
-    """kgen's half for this model runner, or None and why kgen stays out of the way."""
+    """kgen's half for this model runner and what it reads (the pool, its rows, its page size), or
+    None and why kgen stays out of the way."""
     import kgen
     from kgen.arch import arch_for_capability
     from kgen.spec import parse_spec
@@ -92,14 +109,25 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
         return None, "not an MLA model"
     if backend.dcp_size > 1 or backend.enable_deterministic or (backend.sliding_window_size or 0) > 0:
         return None, "DCP, deterministic inference or sliding windows are on"
-    if not compat.is_plain_mla_pool(backend.token_to_kv_pool) or backend.page_size != 1:
-        return None, (f"kgen reads SGLang's plain MLA KV pool with page size 1, not a "
-                      f"{type(backend.token_to_kv_pool).__name__} with page size {backend.page_size}")
+    pool, rows = backend.token_to_kv_pool, backend.kgen_rows
+    if rows is None or (rows.pool == "MLATokenToKVPool" and backend.page_size != 1):
+        return None, (f"kgen reads SGLang's plain MLA KV pool with page size 1 or its DSATokenToKVPool, not a "
+                      f"{type(pool).__name__} with page size {backend.page_size}")
     kv_dtype = KV_DTYPES.get(runner.kv_cache_dtype)
     if kv_dtype is None:
         return None, f"KV cache dtype {runner.kv_cache_dtype} (kgen reads {' or '.join(KV_DTYPES.values())})"
     cfg = runner.model_config
     dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    cache = dict(page_size=1, kv_dtype=kv_dtype)  # slots are rows, whatever the pool's page size
+    if rows.scaled:
+        if (rows.block, rows.rope_dtype, rows.width) != (SCALE_BLOCK, torch.bfloat16, scaled_row_bytes(cfg)):
+            return None, (f"scaled fp8 rows of {rows.width} B, {rows.block}-dim scale blocks and {rows.rope_dtype} "
+                          f"rope (kgen reads {scaled_row_bytes(cfg)} B rows: {SCALE_BLOCK}-dim blocks, bf16 rope)")
+        if "scales" not in CacheSpec.model_fields:
+            return None, "fp8 rows with per-block scales, which this kgen's specs cannot describe yet (no cache.scales)"
+        cache["scales"] = "per_block"
+    elif rows.width != dim:
+        return None, f"{rows.width}-wide KV rows (kgen reads {dim}-wide latent rows)"
     layers = compat.attention_layers(runner.model)
     for layer in layers:
         compat.check_instance(layer, "RadixAttention")
@@ -111,19 +139,44 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     path = env.path("KGEN_SGLANG_SPEC")
     if path:
         spec = kgen.load_spec(path)
-        if spec.cache.kv_dtype != kv_dtype:
-            return None, f"KGEN_SGLANG_SPEC {path} reads a {spec.cache.kv_dtype} cache; this one is {kv_dtype}"
+        theirs = {k: getattr(spec.cache, k, "per_tensor") for k in cache}
+        if theirs != cache:
+            return None, f"KGEN_SGLANG_SPEC {path} has cache {theirs}; this pool needs {cache}"
     else:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         nodes = max(1, backend.num_draft_tokens or 1, compat.draft_tokens_per_request(backend, None) or 1)
-        spec = parse_spec(dict(
-            name="sglang_runtime",
-            model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
-                       softmax_scale=scale),
-            cache=dict(page_size=1, kv_dtype=kv_dtype),
-            tree=dict(max_nodes=nodes),
-            target=dict(arch=arch_for_capability(props.major, props.minor).name)), "the SGLang model config")
-    return KgenMLA(kgen.jit(spec), backend.max_context_len), ""
+        data = dict(model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank,
+                               qk_rope_head_dim=cfg.qk_rope_head_dim, softmax_scale=scale),
+                    cache=cache, tree=dict(max_nodes=nodes),
+                    target=dict(arch=arch_for_capability(props.major, props.minor).name))
+        spec = parse_spec(dict(name=runtime_spec_name(data), **data), "the SGLang model config")
+    return KgenMLA(kgen.jit(spec), backend.max_context_len), _serves(rows, kv_dtype, backend.page_size, dim)
+
+
+def runtime_spec_name(data: dict) -> str:
+    """A name for the spec derived from a model, as unique as its fields (kgen registers its ops per
+    spec name, and one process may serve models of several shapes): sglang_h<heads>_n<nodes>_<kv>_<hash>."""
+    cache = data["cache"]
+    kv = {"bfloat16": "bf16", "float8_e4m3fn": "fp8"}[cache["kv_dtype"]] + ("_pb" if cache.get("scales") else "")
+    digest = hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()[:8]
+    return f"sglang_h{data['model']['num_q_heads']}_n{data['tree']['max_nodes']}_{kv}_{digest}"
+
+
+def _serves(rows: compat.KVRows, kv_dtype: str, page_size: int, dim: int) -> str:
+    """What kgen reads, for the start-up log line."""
+    if rows.scaled:
+        fmt = f"fp8 e4m3 rows with per-block scales [slots, {rows.width}] uint8"
+    else:
+        fmt = f"{'bf16' if kv_dtype == 'bfloat16' else 'fp8 e4m3'} rows [slots, {dim}]"
+    line = f"SGLang's {rows.pool}, {fmt}, page size {page_size}"
+    if rows.pool == "DSATokenToKVPool":
+        line += "; dense attention (DSA indexer off: every token attends to its whole prefix)"
+    return line
+
+
+def scaled_row_bytes(cfg) -> int:
+    """Bytes of a scaled fp8 row: e4m3 latent, one fp32 scale per block, bf16 rope (DESIGN §11)."""
+    return cfg.kv_lora_rank + cfg.kv_lora_rank // SCALE_BLOCK * 4 + cfg.qk_rope_head_dim * 2
 
 
 # ---- the backend ---------------------------------------------------------------------------------
@@ -137,16 +190,19 @@ class _KgenMethods:
     def __init__(self, model_runner, *args, **kwargs):
         super().__init__(model_runner, *args, **kwargs)
         compat.check_instance(self, "TritonAttnBackend")
+        self.kgen_rows = compat.kv_rows(self.token_to_kv_pool)
         try:
-            self.kgen, self.kgen_off_reason = _kgen_for_model(self, model_runner)
+            self.kgen, said = _kgen_for_model(self, model_runner)
         except compat.SGLangError:
             raise
         except KgenError as e:  # an arch kgen has no plan for, a compile error, ...: serve with Triton
-            self.kgen, self.kgen_off_reason = None, f"{type(e).__name__}: {e}"
+            self.kgen, said = None, f"{type(e).__name__}: {e}"
+        self.kgen_off_reason, self.kgen_serves = ("", said) if self.kgen is not None else (said, "")
         if self.kgen is None:
             logger.warning("kgen backend: every mode runs on SGLang's Triton backend (%s)", self.kgen_off_reason)
         else:
-            logger.info("kgen backend: TARGET_VERIFY and DECODE run on kgen (%s)", self.kgen.module.spec.name)
+            logger.info("kgen backend: TARGET_VERIFY and DECODE run on kgen (%s) over %s", self.kgen.module.spec.name,
+                        self.kgen_serves)
         self.kgen_mode: str | None = None  # what the current batch's metadata prepared kgen for
         self._kgen_step = None
         self._kgen_graph_steps: dict[tuple, object] = {}
@@ -205,6 +261,8 @@ class _KgenMethods:
         """One layer of a batch prepared for `mode` on kgen, or the call as it came on Triton."""
         kv_scale = self._kgen_kv_scale(mode, layer, q, k, v, kwargs)
         if kv_scale is None:
+            if self.kgen_rows is not None and self.kgen_rows.scaled and layer.qk_head_dim == self.kgen_rows.dim:
+                raise ValueError(SCALED_ROWS_ON_TRITON.format(mode=fb.forward_mode.name, layer=layer.layer_id))
             return triton(q, k, v, layer, fb, save_kv_cache=save_kv_cache, **kwargs)
         if save_kv_cache:
             compat.save_kv(self, layer, fb, k, v)

@@ -1,5 +1,6 @@
-"""Every SGLang name the kgen backend touches, in one place: the adapter between kgen and
-SGLang's internals, which change from release to release.
+"""The adapter between kgen's backend and SGLang's internals, which change from release to
+release: every SGLang name the backend touches is in sglang_names.NAMES, checked here, and used
+only through the bridge below.
 
 Supported: SGLang 0.5.21, 0.5.22 and 0.5.23. `check()` runs when the backend is registered: an
 other version, or a listed name that is missing or takes other parameters, is one
@@ -12,7 +13,13 @@ What differs between the supported releases, and is bridged here:
 - the KV-index gather: 0.5.21's `KVIndexTranslator.fill_packed_read_stream(...)` became
   `pack_read_stream(kv_loc_plan, ...)` in 0.5.22 (a ForwardBatch then carries `kv_loc_plan`);
 - the KV write location: `KVWriteLoc(out_cache_loc)` in 0.5.21, `KVWriteLoc.for_batch(batch)`
-  (which carries the batch's physical-id mark) from 0.5.22.
+  (which carries the batch's physical-id mark) from 0.5.22; the MLA writer `set_mla_kv_buffer`
+  takes the slots themselves in 0.5.21, the write location from 0.5.22.
+
+The same in all three: the DSA KV pool (`DSATokenToKVPool`: one [slots, 1, width] tensor per
+layer, bf16 rows of 576 or fp8 "scaled" rows of 656 bytes), and server-arg resolution's plugin
+hook (`register_resolution_hook`), through which kgen resolves speculative decoding as Triton
+does (`resolve_speculative_as_triton`).
 """
 
 from __future__ import annotations
@@ -23,96 +30,13 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
+import torch
+
 from ..errors import KgenError
-
-SUPPORTED = ("0.5.21", "0.5.22", "0.5.23")
-PLAN_SINCE = "0.5.22"  # ForwardBatch.kv_loc_plan, pack_read_stream, KVWriteLoc.for_batch
-
+from .sglang_names import NAMES, PLAN_SINCE, SUPPORTED, Name
 
 class SGLangError(KgenError, RuntimeError):
     """The installed SGLang is not one kgen's backend supports."""
-
-
-@dataclass(frozen=True)
-class Name:
-    """`path` in `module`: a module attribute or `Class.attr`. `params`: the parameters kgen
-    passes (a callable must accept them). `instance`: an attribute set on the object in a method
-    (`self.x = ...`), checked on a built object. `versions`: the releases whose bridge uses it.
-    `defrag`: used only by the opt-in defrag hook (KGEN_DEFRAG=1)."""
-
-    module: str
-    path: str
-    params: tuple[str, ...] = ()
-    instance: bool = False
-    versions: tuple[str, ...] = SUPPORTED
-    defrag: bool = False
-
-
-def _names(module: str, *paths: str, **kw) -> tuple[Name, ...]:
-    return tuple(Name(module, p, **kw) for p in paths)
-
-
-_TRITON = "sglang.srt.layers.attention.triton_backend"
-_POOL = "sglang.srt.mem_cache.memory_pool"
-_BATCH = "sglang.srt.model_executor.forward_batch_info"
-_METHOD = ("q", "k", "v", "layer", "forward_batch", "save_kv_cache")
-
-NAMES: tuple[Name, ...] = (
-    # registration: the attention registry and the CLI choices
-    *_names("sglang.srt.arg_groups.choices", "ATTENTION_BACKEND_CHOICES"),
-    Name("sglang.srt.arg_groups.choices", "add_attention_backend_choices"),
-    *_names("sglang.srt.layers.attention.attention_registry", "ATTENTION_BACKENDS"),
-    Name("sglang.srt.layers.attention.attention_registry", "register_attention_backend", ("name",)),
-    # the Triton backend kgen's backend extends, and what kgen reads of it
-    Name(_TRITON, "TritonAttnBackend.__init__", ("model_runner",)),
-    Name(_TRITON, "TritonAttnBackend.init_forward_metadata", ("forward_batch",)),
-    Name(_TRITON, "TritonAttnBackend.init_cuda_graph_state", ("max_bs", "max_num_tokens")),
-    Name(_TRITON, "TritonAttnBackend.init_forward_metadata_out_graph", ("forward_batch", "in_capture")),
-    Name(_TRITON, "TritonAttnBackend.forward_extend", _METHOD),
-    Name(_TRITON, "TritonAttnBackend.forward_decode", _METHOD),
-    Name(_TRITON, "TritonAttnBackend._target_verify_num_tokens_per_req", ("spec_info",)),
-    *_names(_TRITON, *(f"TritonAttnBackend.{a}" for a in (
-        "use_mla", "dcp_size", "enable_deterministic", "sliding_window_size", "num_draft_tokens",
-        "max_context_len", "kv_index_translator", "token_to_kv_pool", "page_size")), instance=True),
-    # gathering a batch's KV slots, writing its new rows
-    Name("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.fill_packed_read_stream",
-         ("req_pool_indices", "seq_lens", "indptr", "total_tokens", "out"), versions=SUPPORTED[:1]),
-    Name("sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator.pack_read_stream",
-         ("plan", "req_pool_indices", "seq_lens", "indptr", "out"), versions=SUPPORTED[1:]),
-    Name(_POOL, "KVWriteLoc", ("loc",), versions=SUPPORTED[:1]),
-    Name(_POOL, "KVWriteLoc.for_batch", ("forward_batch",), versions=SUPPORTED[1:]),
-    Name(_POOL, "MLATokenToKVPool.set_kv_buffer", ("layer", "loc_info", "cache_k", "cache_v")),
-    Name(_POOL, "MLATokenToKVPool.get_key_buffer", ("layer_id",)),
-    # the forward batch and its verify input
-    *_names(_BATCH, *(f"ForwardBatch.{a}" for a in (
-        "forward_mode", "batch_size", "req_pool_indices", "seq_lens", "seq_lens_sum", "out_cache_loc",
-        "spec_info"))),
-    Name(_BATCH, "ForwardBatch.kv_loc_plan", versions=SUPPORTED[1:]),
-    *_names(_BATCH, "ForwardMode.is_target_verify", "ForwardMode.is_decode"),
-    Name("sglang.srt.speculative.eagle_info", "EagleVerifyInput.custom_mask"),
-    # the model: its attention layers, its config
-    Name("sglang.srt.layers.radix_attention", "RadixAttention"),
-    *_names("sglang.srt.layers.radix_attention", *(f"RadixAttention.{a}" for a in (
-        "layer_id", "tp_q_head_num", "tp_k_head_num", "qk_head_dim", "v_head_dim", "scaling", "logit_cap",
-        "sliding_window_size", "is_cross_attention", "xai_temperature_len", "k_scale", "v_scale", "k_scale_float",
-        "v_scale_float")), instance=True),
-    *_names("sglang.srt.model_executor.model_runner", *(f"ModelRunner.{a}" for a in (
-        "model", "model_config", "kv_cache_dtype", "token_to_kv_pool")), instance=True),
-    *_names("sglang.srt.configs.model_config", "ModelConfig.kv_lora_rank", "ModelConfig.qk_rope_head_dim",
-            instance=True),
-    # the opt-in defrag hook (KGEN_DEFRAG=1)
-    Name("sglang.srt.plugins.hook_registry", "HookRegistry.register", ("target", "hook", "hook_type"), defrag=True),
-    Name("sglang.srt.plugins.hook_registry", "HookType.BEFORE", defrag=True),
-    Name("sglang.srt.model_executor.model_runner", "ModelRunner.forward", ("forward_batch",), defrag=True),
-    *_names("sglang.srt.model_executor.model_runner", *(f"ModelRunner.{a}" for a in (
-        "token_to_kv_pool_allocator", "req_to_token_pool", "page_size", "attn_backend")), instance=True,
-        defrag=True),
-    Name("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator.free", ("free_index",), defrag=True),
-    *_names("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator.free_pages",
-            "TokenToKVPoolAllocator.release_pages", instance=True, defrag=True),
-    *_names(_POOL, "MLATokenToKVPool.kv_buffer", "ReqToTokenPool.req_to_token", instance=True, defrag=True),
-    *_names("sglang.srt.runtime_context", "get_memory", "get_spec", defrag=True),
-)
 
 
 def installed_version() -> str:
@@ -216,10 +140,29 @@ def attention_layers(model) -> list:
     return [m for m in model.modules() if isinstance(m, RadixAttention)]
 
 
-def is_plain_mla_pool(pool) -> bool:
-    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+@dataclass(frozen=True)
+class KVRows:
+    """How an SGLang MLA KV pool stores a token's latent row: one [slots, 1, width] tensor per
+    layer, a slot is a row (the page size only shapes allocation)."""
 
-    return type(pool) is MLATokenToKVPool
+    pool: str  # the pool's class name
+    dim: int  # values per row: kv_lora_rank + qk_rope_head_dim (576)
+    width: int  # elements per row: 576 (bf16 or fp8 e4m3), or 656 bytes for scaled rows
+    scaled: bool  # fp8 with per-block scales: [e4m3 latent | fp32 scale per block | bf16 rope]
+    block: int  # latent dims per scale (scaled rows)
+    rope_dtype: object  # the rope values' dtype in scaled rows
+
+
+def kv_rows(pool) -> KVRows | None:
+    """The rows of SGLang's plain MLA pool or its DSA pool; None for any other pool (their
+    subclasses too: HiSparse, layer-split and page-interleaved pools keep rows elsewhere)."""
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
+
+    if type(pool) not in (MLATokenToKVPool, DSATokenToKVPool):
+        return None
+    return KVRows(type(pool).__name__, pool.kv_lora_rank + pool.qk_rope_head_dim, int(pool.kv_cache_dim),
+                  bool(pool.dsa_kv_cache_store_fp8),
+                  DSATokenToKVPool.quant_block_size, DSATokenToKVPool.rope_storage_dtype)
 
 
 def draft_tokens_per_request(backend, spec_info) -> int:
@@ -252,18 +195,70 @@ def gather_kv_indices(backend, forward_batch, req_pool_indices, seq_lens, kv_ind
 
 def save_kv(backend, layer, forward_batch, k, v) -> None:
     """Store the batch's new latent rows in the layer's KV pool, as the Triton backend stores an
-    MLA layer's: k / k_scale when the layer has a k_scale (a copy: the caller still reads k)."""
+    MLA layer's: k / k_scale when the layer has a k_scale (a copy: the caller still reads k). A
+    DSA pool of scaled fp8 rows (which that writer refuses) quantizes them with its own writer,
+    as SGLang's MLA models store their latents there."""
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-    loc = KVWriteLoc.for_batch(forward_batch) if since(PLAN_SINCE) else KVWriteLoc(forward_batch.out_cache_loc)
+    plan = since(PLAN_SINCE)
+    loc = KVWriteLoc.for_batch(forward_batch) if plan else KVWriteLoc(forward_batch.out_cache_loc)
+    pool = backend.token_to_kv_pool
+    if pool.dsa_kv_cache_store_fp8:
+        r = pool.kv_lora_rank  # 0.5.21's writer takes the slots themselves
+        pool.set_mla_kv_buffer(layer, loc if plan else forward_batch.out_cache_loc, k[..., :r], k[..., r:])
+        return
     if layer.k_scale is not None:
         k = k.clone().div_(layer.k_scale)
-    backend.token_to_kv_pool.set_kv_buffer(layer, loc, k, v)
+    pool.set_kv_buffer(layer, loc, k, v)
 
 
 def key_buffer(backend, layer):
-    """The layer's latent cache [slots, 1, D] (kv dtype)."""
-    return backend.token_to_kv_pool.get_key_buffer(layer.layer_id)
+    """The layer's latent cache [slots, 1, width] as stored: the kv dtype, or uint8 for scaled
+    fp8 rows (the pool hands those out viewed as float8_e4m3fn)."""
+    pool = backend.token_to_kv_pool
+    rows = pool.get_key_buffer(layer.layer_id)
+    return rows.view(torch.uint8) if pool.dsa_kv_cache_store_fp8 else rows
+
+
+# ---- server-arg resolution --------------------------------------------------------------------
+
+_BACKEND_FIELDS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+
+
+@functools.cache
+def resolve_speculative_as_triton(name: str) -> None:
+    """Override SGLang's speculative-decoding resolution step (its plugin hook for named steps;
+    once per process): where `name` is the attention backend (or a prefill/decode one), the step
+    resolves as it does for "triton", and a speculative draft whose attention backend is not given
+    gets "triton". `name`'s backend is Triton's in every mode but verify and decode, so Triton's
+    draft path (at page size > 1 with topk > 1, its two-pass tree draft) and Triton's checks
+    apply (e.g. topk > 1 at page size > 1, which SGLang allows for flashinfer, fa3 and triton)."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolved_view
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    source = f"{name} (kgen): speculative decoding resolves as for triton"
+
+    def handle_speculative_decoding(server_args, previous) -> None:
+        view = resolved_view(server_args)
+        ours = [f for f in _BACKEND_FIELDS if getattr(view, f) == name]
+        if not ours:
+            return previous(server_args)
+        drafted = str(view.speculative_algorithm).upper() not in ("NONE", "NGRAM")  # a draft model's attention
+        if drafted and view.speculative_draft_attention_backend is None:
+            declare_resolution(server_args, source, speculative_draft_attention_backend="triton")
+        declare_resolution(server_args, source, **dict.fromkeys(ours, "triton"))
+        try:
+            previous(server_args)
+        finally:  # give the fields back to `name` (unless the step itself chose another backend)
+            after = resolved_view(server_args)
+            back = {f: name for f in ours if getattr(after, f) == "triton"}
+            if back:
+                declare_resolution(server_args, source, **back)
+
+    try:
+        register_resolution_hook("handle_speculative_decoding")(handle_speculative_decoding)
+    except ValueError:  # not an overridable step in this build
+        raise _fail(check(), "handle_speculative_decoding is not an overridable resolution step") from None
 
 
 # ---- the opt-in defrag hook's view of the server ----------------------------------------------

@@ -38,6 +38,7 @@ class KgenMLA:
         self.heads, self.dim, self.vdim = m.num_q_heads, m.head_dim, m.value_dim
         self.scale, self.max_nodes, self.words = m.softmax_scale, tree.nodes, tree.mask_words
         self.kv_fp8 = module.spec.cache.kv_dtype == "float8_e4m3fn"
+        self.kv_scaled = getattr(module.spec.cache, "scales", "per_tensor") == "per_block"
         self.max_context_len = max_context_len
         self.device = module.device
         self.graph: dict[str, torch.Tensor] | None = None
@@ -105,9 +106,10 @@ class KgenMLA:
     def kv_scale(self, layer) -> float | None:
         """The scale this layer's cache is read with (kgen's kv_scale), or None when kgen cannot read
         it as SGLang does: SGLang reads keys times k_scale and values times v_scale, kgen has one
-        scale for the one latent row, and a bf16 cache is read unscaled."""
+        scale for the one latent row, and a bf16 cache is read unscaled. Scaled rows carry their
+        own scales (SGLang's writer for them ignores the layer's)."""
         k_scale, v_scale = layer.k_scale, layer.v_scale
-        if k_scale is None and v_scale is None:
+        if self.kv_scaled or (k_scale is None and v_scale is None):
             return 1.0
         if not self.kv_fp8 or k_scale is None or v_scale is None:
             return None
