@@ -1,9 +1,13 @@
-"""The two ceilings the floor of every shape is built from, measured in the benchmark's own run.
+"""The ceilings the floors of every shape are built from, measured in the benchmark's own run.
 
 - copy bandwidth: a large device-to-device copy, counting bytes read plus bytes written;
 - mma.sync rate: bench/mma_peak.cu (independent bf16 -> fp32 m16n8k16 MMAs on register
   operands, all SMs busy), compiled through kgen's NVRTC path and launched with the driver API.
-  Not cuBLAS: on Hopper that would use wgmma, which sm_120 lacks.
+  Not cuBLAS: on Hopper that would use wgmma, which sm_120 lacks. The floor the project has
+  always used (what sm_120 has).
+- dense GEMM rate: the arch's fastest dense bf16 path, a large cuBLAS GEMM through torch.matmul
+  (on Hopper wgmma: ~775 TFLOP/s on the H200 against ~640 for mma.sync). The second compute
+  floor (DESIGN §9): a Hopper plan uses wgmma, so it is measured against both.
 
 bench/model_validate.py also measures the fp8 conversion rate (bench/cvt_peak.cu), a rate of the
 performance model (kgen/model.py).
@@ -39,6 +43,9 @@ class Ceilings:
     mma_ms: list[float]
     mma_grid: int
     mma_arch: str
+    gemm_tflops: float  # dense bf16 GEMM (cuBLAS) on random data
+    gemm_n: int  # an n x n x n product
+    gemm_ms: list[float]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -116,7 +123,23 @@ def cvt_rate(device: torch.device, target_ms: float = 5.0, reps: int = 10) -> fl
     return lanes / (statistics.median(ms) * 1e-3) / sms
 
 
+def gemm_rate(device: torch.device, n: int = 8192, reps: int = 10) -> tuple[float, int, list[float]]:
+    """Median rate of an n x n x n bf16 torch.matmul (cuBLAS; fp32 accumulation) on random data,
+    in TFLOP/s (zeros run faster: less switching power, higher clocks)."""
+    g = torch.Generator(device).manual_seed(0)
+    a, b = (torch.randn(n, n, generator=g, device=device, dtype=torch.bfloat16) for _ in range(2))
+    c = torch.empty_like(a)
+    for _ in range(3):
+        torch.matmul(a, b, out=c)
+    ms = events_ms(lambda: torch.matmul(a, b, out=c), reps)
+    del a, b, c
+    torch.cuda.empty_cache()
+    return 2 * n**3 / (statistics.median(ms) * 1e-3) / 1e12, n, ms
+
+
 def measure(device: torch.device) -> Ceilings:
     copy_tbps, copy_bytes, copy_ms = copy_bandwidth(device)
     mma_tflops, mma_flops, mma_ms, grid, arch = mma_rate(device)
-    return Ceilings(copy_tbps, copy_bytes, copy_ms, mma_tflops, mma_flops, mma_ms, grid, arch)
+    gemm_tflops, gemm_n, gemm_ms = gemm_rate(device)
+    return Ceilings(copy_tbps, copy_bytes, copy_ms, mma_tflops, mma_flops, mma_ms, grid, arch, gemm_tflops, gemm_n,
+                    gemm_ms)

@@ -37,8 +37,9 @@ def flashmla_calls(inputs) -> tuple[list | None, str | None]:
     bench/peers.py's sparse_decode (the `peers` branch); it reads the DSA pool's 656-byte fp8 rows,
     so a spec with other rows gets a pool of random 656-byte rows with the same slots (the same
     lists and work, fewer bytes per row than a bf16 cache: said in the note)."""
+    from kgen.fp8 import quantize_rows
     try:
-        from .peers import random_dsa_rows, sparse_decode
+        from .peers import sparse_decode
     except ImportError:
         return None, "FlashMLA sparse: bench/peers.py has no sparse_decode here"
     note = None
@@ -49,7 +50,8 @@ def flashmla_calls(inputs) -> tuple[list | None, str | None]:
             cache = b.kv_cache
             if cache.dtype != torch.uint8:
                 g = torch.Generator(cache.device).manual_seed(len(calls))
-                cache = random_dsa_rows(cache.shape[0], generator=g, device=cache.device)
+                rows = torch.randn(cache.shape[0], 576, generator=g, device=cache.device).to(torch.bfloat16)
+                cache = quantize_rows(rows, 512)
                 note = "FlashMLA sparse on 656-B fp8 rows of the same slots"
             calls.append(sparse_decode(b.q, cache, x.topk_indices, scale=b.scale, value_dim=b.value_dim))
     except Exception as e:  # noqa: BLE001 - a peer that cannot run is a note, never a failure

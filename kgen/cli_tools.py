@@ -83,13 +83,16 @@ def bench_cmd(
     page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="KV page size (default: the spec's)"),
     heads: str = typer.Option("8,16", "--heads", help="comma-separated head counts of the grid"),
     triton: bool = typer.Option(True, "--triton/--no-triton", help="time SGLang's Triton extend_attention_fwd too"),
+    peers: str = typer.Option("auto", "--peers", help="FlashInfer / FlashMLA timed on the same inputs: auto (the "
+                              "plan's: sm_90 flashinfer_fa3,flashmla; else flashinfer_fa2), none, all, or a list"),
     graph: bool = typer.Option(True, "--graph/--no-graph", help="time by CUDA-graph replay (default) or eagerly"),
     time_limit: Optional[float] = typer.Option(None, "--time-limit", min=0.0, help="start no new shape after this many seconds"),
     out: Path = typer.Option(Path("bench/results"), "--out", help="where the JSON and PNG are written"),
 ) -> None:
-    """(GPU) Benchmark SPEC: the two ceilings, the benchmark grid (docs/design.md) and SGLang's Triton baseline;
-    a table, bench/results/<spec>-<time>.json and a PNG plot. Same as python -m bench.run. A sparse spec
-    (model.index_topk) runs python -m bench.sparse instead: union vs per-token gather on indexer-shaped lists."""
+    """(GPU) Benchmark SPEC: the ceilings, the benchmark grid (docs/design.md), SGLang's Triton baseline and
+    the peers (FlashInfer, FlashMLA); a table, bench/results/<spec>-<time>.json and a PNG plot. Same as
+    python -m bench.run. A sparse spec (model.index_topk) runs python -m bench.sparse instead: union vs
+    per-token gather on indexer-shaped lists."""
     # bench/ lives next to the package in a checkout, not inside the wheel
     for root in (Path(__file__).resolve().parents[1], Path.cwd()):
         if (root / "bench" / "run.py").is_file() and str(root) not in sys.path:
@@ -112,7 +115,7 @@ def bench_cmd(
                             f"root): {e}") from None
         try:
             code = run(spec_path, quick=quick, page_size=page_size, heads=head_counts, triton=triton, graph=graph,
-                       time_limit=time_limit, out_dir=out)
+                       time_limit=time_limit, out_dir=out, peers=peers)
         except (BenchError, ValueError) as e:
             raise KgenError(str(e)) from None
     except KgenError as e:

@@ -73,15 +73,67 @@ def test_kgen_bench_without_gpu_is_one_line():
     assert "needs a CUDA GPU" in result.output and "Traceback" not in result.output
 
 
-def test_plot_writes_png(tmp_path):
-    pytest.importorskip("matplotlib")
-    from bench.plot import plot
+def _result(rows_per_head: int, triton: bool, peers: tuple[str, ...]) -> dict:
+    """A results file as bench/run.py writes it: kgen times, and Triton's / the peers' where asked."""
+    rows = []
+    for i in range(rows_per_head):
+        for h in (8, 16):
+            t, length, b = (1, 16, 64)[i % 3], 4096 << (i % 6), 1 + i % 32
+            us = 10.0 + i
+            rows.append(dict(H=h, T=t, L=length, B=b, page_size=64, mode="decode" if t == 1 else "verify", us=us,
+                             pct_floor=50.0 + i, pct_floor_gemm=40.0 + i, us_triton=100 * us if triton and t > 1 else None,
+                             **{f"us_{p}": us * (0.5 + i % 3 / 2) if p in peers else None
+                                for p in ("flashinfer_fa3", "flashinfer_fa2", "flashmla")}))
+    return {"spec": "glm5_sm120", "device": "NVIDIA H200", "plan_arch": None, "rows": rows,
+            "ceilings": {"copy_tbps": 4.27, "mma_tflops": 645.0, "gemm_tflops": 775.0}}
 
-    rows = [dict(H=h, T=t, L=l, B=1, page_size=1, us=10.0, pct_floor=50.0 + l / 1e4, speedup_vs_triton=None if t == 1
-                 else 100.0) for h in (8, 16) for t in (1, 16) for l in (4096, 32768)]
-    path = plot({"spec": "glm5_sm120", "device": "test", "ceilings": {}, "rows": rows}, tmp_path / "p.png")
-    assert path.stat().st_size > 1000
-    json.dumps(rows)  # rows are plain JSON
+
+@pytest.mark.parametrize("rows_per_head, triton, peers", [(2, True, ()), (2, False, ()), (6, True, ("flashinfer_fa3", "flashmla")),
+                                                       (6, False, ("flashinfer_fa2",)), (36, True, ("flashinfer_fa3",))])
+def test_plot_reads_whole_with_no_empty_panel(tmp_path, rows_per_head, triton, peers):
+    """The figure's artists, not its pixels: the title lies inside the figure, every axes has bars
+    (no panel for what was not measured: no Triton, no peers), one legend entry per peer measured,
+    tick labels neither overlap nor leave the figure; the full grid is split over rows of panels."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from bench.plot import SHAPES_PER_AXES, figure, plot
+
+    result = _result(rows_per_head, triton, peers)
+    fig = figure(result)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    frame = fig.bbox
+
+    def inside(box):
+        return frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+
+    assert inside(fig._suptitle.get_window_extent(renderer)), "the title is cut by an edge of the figure"
+    chunks = -(-len(result["rows"]) // SHAPES_PER_AXES)
+    assert len(fig.axes) == chunks * (2 if triton or peers else 1)
+    labels = {"flashinfer_fa3": "FlashInfer fa3", "flashinfer_fa2": "FlashInfer fa2", "flashmla": "FlashMLA"}
+    for ax in fig.axes:
+        assert [p for p in ax.patches if p.get_height() > 0], f"empty panel: {ax.get_title()}"
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        if "speedup" in ax.get_title():
+            assert legend == ["SGLang Triton"] * triton + [labels[p] for p in peers]
+        else:
+            assert legend == ["% of floor (mma.sync)", "% of GEMM floor"]
+        ticks = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+        assert len(ticks) <= SHAPES_PER_AXES and all(inside(b) for b in ticks)
+        assert all(a.x1 <= b.x0 for a, b in zip(ticks, ticks[1:])), f"tick labels overlap in {ax.get_title()}"
+    plt.close(fig)
+    path = plot(result, tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.dumps(result)  # rows are plain JSON
+
+
+def test_plot_of_a_run_that_measured_nothing_has_no_axes():
+    pytest.importorskip("matplotlib")
+    from bench.plot import figure
+
+    fig = figure({"spec": "glm5_sm120", "device": "test", "ceilings": {}, "rows": []})
+    assert fig.axes == [] and any("no shape was measured" in t.get_text() for t in fig.texts)
 
 
 def test_cvt_peak_compiles_to_the_fp8_unpack_of_the_attention_loops():
