@@ -61,7 +61,8 @@ def stand_in_missing() -> list[str]:
     except Exception:
         if not torch.cuda.is_available():  # SGLang imports sgl_kernel on CUDA only
             return done
-        for name in ("sgl_kernel", "sgl_kernel.utils", "sgl_kernel.quantization"):  # scalar_type: SGLang's fallback
+        # quantization: scalar_type (SGLang's fallback); kvcacheio: imported by the DSA pool's modules
+        for name in ("sgl_kernel", "sgl_kernel.utils", "sgl_kernel.quantization", "sgl_kernel.kvcacheio"):
             _package(name, _Absent)
         sys.modules["sgl_kernel.utils"].is_arch_support_pdl = lambda *a, **k: False
         done.append("sgl_kernel")
