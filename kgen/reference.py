@@ -115,7 +115,8 @@ def sparse_verify_attention_ref(q, kv_cache, k_tree, qo_indptr, topk_indices, tr
                                 kv_scale=1.0):
     """DESIGN §12: token i attends the cache slots row i of topk_indices lists (entries >= 0; -1 is
     no key) plus the tree tokens of its request its mask row shows, in one softmax. A cache row
-    means its values * kv_scale."""
+    means its values * kv_scale, or, for a uint8 cache, its dequantized DSA pool row (as for the
+    dense ops; tree rows likewise, used as given otherwise)."""
     sum_t, h, _ = q.shape
     o = torch.zeros(sum_t, h, value_dim, dtype=torch.float64, device=q.device)
     lse = torch.full((sum_t, h), float("-inf"), dtype=torch.float64, device=q.device)
@@ -130,7 +131,8 @@ def sparse_verify_attention_ref(q, kv_cache, k_tree, qo_indptr, topk_indices, tr
         seen = torch.zeros(e - s, slots.numel(), dtype=torch.bool, device=q.device)
         token = torch.arange(e - s, device=q.device).unsqueeze(1).expand_as(rows)
         seen[token[listed], torch.searchsorted(slots, rows[listed])] = True
-        keys = torch.cat([cache[slots.to(cache.device)].to(q.device).double() * kv_scale, k_tree[s:e].double()])
+        keys = torch.cat([_keys(cache[slots.to(cache.device)].to(q.device), value_dim, kv_scale),
+                          _keys(k_tree[s:e], value_dim, 1.0)])
         visible = torch.cat([seen, tree_visibility(tree_mask[s:e], e - s)], dim=1)
         o[s:e], lse[s:e] = attend(q[s:e], keys, visible, scale, value_dim)
     return o, lse

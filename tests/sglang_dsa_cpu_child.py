@@ -10,7 +10,7 @@ SGLANG_DSA_FUSE_TOPK=0): the installed SGLang loads kgen's plugin, and either
 and prints one JSON report line. Stood in on this CPU machine, each named in the report: the GPU's
 compute capability (SGLang's DSA backend and resolution read it); SGLang's Triton kernels that
 assert a CUDA tensor (seqlens_expand_triton, the pool's row writer), by torch code of their
-contracts; kgen's compiled sparse kernel, by the §12 reference (tests/sparse_reference.py); and
+contracts; kgen's compiled sparse kernel, by the §12 reference (kgen.reference, through tests/sparse_reference.py); and
 SGLang's own DSA attention kernels (only to record that a call went to them).
 """
 

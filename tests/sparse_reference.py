@@ -1,13 +1,7 @@
-"""DESIGN §12's sparse tree verify, written from the contract (not from any kernel), for the SGLang
-DSA tests until kgen.reference has its own; and `ReferenceModule`, which stands in for a compiled
-kgen module of a sparse spec (its `sparse_verify_attention` is this reference), so the SGLang side
-can be tested where the kernel cannot run.
-
-Row i of request b, head h: keys = the prefix slots listed in topk_indices[i] (!= -1) ∪ the tree
-tokens j of b whose mask bit (i, j) is set; logits = scale·<q, key> over 576 dims, values = the
-first 512 dims; a row without keys gets o = 0, lse = -inf. Cache rows are bf16 [slots, (1,) 576]
-or the DSA pool's 656-byte fp8 rows (§11: 512 e4m3 latent bytes | 4 fp32 scales, scale k for latent
-dims 128k..128k+127 | 64 bf16 rope values), read dequantized.
+"""`ReferenceModule`: a stand-in for a compiled kgen module of a sparse spec, whose
+`sparse_verify_attention` is kgen.reference's DESIGN §12 reference, so the SGLang side can be
+tested where the kernel cannot run; and `dequantize_rows`, cache rows as SGLang's pool holds them
+(bf16 [slots, (1,) 576], or the 656-byte DSA rows, uint8 or float8-typed) read as float64.
 """
 
 from __future__ import annotations
@@ -16,60 +10,31 @@ import types
 
 import torch
 
-from kgen.reference import attend, tree_visibility
+from kgen.reference import dequantize_scaled_rows, sparse_verify_attention_ref
 
 LATENT, ROPE, BLOCK = 512, 64, 128
 ROW_BYTES = LATENT + 4 * (LATENT // BLOCK) + 2 * ROPE  # 656
 
 
-def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
-    """Cache rows [n, (1,) width] -> [n, 576] float64: bf16 as given, 656-byte rows (uint8, or
-    float8-typed as SGLang's pool holds them) dequantized."""
+def pool_rows(rows: torch.Tensor) -> torch.Tensor:
+    """[n, (1,) width] rows as kgen reads them: SGLang's float8-typed 656-byte rows as uint8."""
     rows = rows.reshape(rows.shape[0], -1)
-    if rows.dtype == torch.float8_e4m3fn and rows.shape[1] == ROW_BYTES:  # SGLang's float8-typed 656-byte rows
+    if rows.dtype == torch.float8_e4m3fn and rows.shape[1] == ROW_BYTES:
         rows = rows.view(torch.uint8)
-    if rows.dtype != torch.uint8:
-        return rows.double()
-    if rows.shape[1] != ROW_BYTES:
+    if rows.dtype == torch.uint8 and rows.shape[1] != ROW_BYTES:
         raise ValueError(f"fp8 rows must be {ROW_BYTES} bytes wide, got {rows.shape[1]}")
-    latent = rows[:, :LATENT].contiguous().view(torch.float8_e4m3fn).double()
-    scales = rows[:, LATENT:LATENT + 16].contiguous().view(torch.float32).double()
-    rope = rows[:, LATENT + 16:].contiguous().view(torch.bfloat16).double()
-    latent = (latent.view(-1, LATENT // BLOCK, BLOCK) * scales.unsqueeze(-1)).view(-1, LATENT)
-    return torch.cat([latent, rope], dim=1)
+    return rows
 
 
-def quantize_rows(x: torch.Tensor) -> torch.Tensor:
-    """[n, 576] -> 656-byte rows (a per-128-block scale of max|x| / 448), for building test caches."""
-    x = x.float()
-    latent = x[:, :LATENT].view(-1, LATENT // BLOCK, BLOCK)
-    scales = (latent.abs().amax(-1) / 448).clamp_min(1e-8)
-    q = (latent / scales.unsqueeze(-1)).to(torch.float8_e4m3fn).view(torch.uint8).view(-1, LATENT)
-    rope = x[:, LATENT:].to(torch.bfloat16).contiguous().view(torch.uint8)
-    return torch.cat([q, scales.contiguous().view(torch.uint8), rope], dim=1)
-
-
-def sparse_verify_ref(q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, scale, value_dim=LATENT):
-    """(o [ΣT, H, value_dim], lse [ΣT, H]) float64, per the semantics above."""
-    sum_t, h, _ = q.shape
-    o = torch.zeros(sum_t, h, value_dim, dtype=torch.float64, device=q.device)
-    lse = torch.full((sum_t, h), float("-inf"), dtype=torch.float64, device=q.device)
-    tree_keys = dequantize_rows(k_tree)
-    qo = qo_indptr.tolist()
-    for b in range(len(qo) - 1):
-        s, e = qo[b], qo[b + 1]
-        visible_tree = tree_visibility(tree_mask[s:e], e - s)
-        for i in range(s, e):
-            listed = topk_indices[i][topk_indices[i] >= 0].long()
-            keys = torch.cat([dequantize_rows(kv_cache[listed]), tree_keys[s:e][visible_tree[i - s]]])
-            seen = torch.ones(1, keys.shape[0], dtype=torch.bool, device=q.device)
-            o[i:i + 1], lse[i:i + 1] = attend(q[i:i + 1], keys, seen, scale, value_dim)
-    return o, lse
+def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Cache rows [n, (1,) width] -> [n, 576] float64: bf16 as given, 656-byte rows dequantized."""
+    rows = pool_rows(rows)
+    return dequantize_scaled_rows(rows, LATENT) if rows.dtype == torch.uint8 else rows.double()
 
 
 class ReferenceModule:
     """A stand-in for kgen.jit of a sparse spec: the spec fields kgen's SGLang DSA backend reads,
-    and sparse_verify_attention computed by sparse_verify_ref (recording each call)."""
+    and sparse_verify_attention computed by kgen.reference (recording each call)."""
 
     def __init__(self, *, heads: int, index_topk: int, max_nodes: int, scale: float, kv_dtype: str = "bfloat16",
                  page_size: int = 64, device="cpu"):
@@ -84,8 +49,8 @@ class ReferenceModule:
 
     def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, out=None, lse=None):
         self.calls.append(dict(topk_indices=topk_indices.clone(), tree_mask=tree_mask.clone()))
-        o, row_lse = sparse_verify_ref(q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask,
-                                       self.spec.model.softmax_scale)
+        o, row_lse = sparse_verify_attention_ref(q, pool_rows(kv_cache), pool_rows(k_tree), qo_indptr, topk_indices,
+                                                 tree_mask, self.spec.model.softmax_scale)
         if out is None:
             out = torch.empty(o.shape, dtype=q.dtype, device=q.device)
         out.copy_(o)

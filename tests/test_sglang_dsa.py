@@ -7,7 +7,7 @@ without SGLang: SGLang's top-k lists and draft tree -> kgen's sparse verify inpu
 - hide_non_ancestors: the tree-aware indexer hides, in row i's logits, exactly the tree tokens
   that are not i's ancestors (or i).
 - attend: one layer through a stand-in module whose sparse_verify_attention is the §12 reference
-  (tests/sparse_reference.py), against attention computed straight from SGLang's lists and tree
+  (kgen.reference, through tests/sparse_reference.py), against attention computed straight from SGLang's lists and tree
   (a listed tree token counts where the tree shows it), bf16 and 656-byte fp8 rows; decode (T = 1).
 - the CUDA-graph buffers: plan(graph=True) rewrites fixed buffers in place and gives the eager plan.
 tests/test_sglang_dsa_sglang.py drives the SGLang side (the indexer hook, the registry, the
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sparse_reference import ReferenceModule, dequantize_rows, quantize_rows
+from sparse_reference import ReferenceModule, dequantize_rows
 
+from kgen.fp8 import quantize_rows
 from kgen.integrations.sglang_sparse import KgenDSA, physical_lists
 from kgen.mask import mask_from_parents, unpack_bits
 from kgen.reference import attend
@@ -145,7 +146,8 @@ def test_attend_runs_kgens_sparse_verify_on_the_split_and_matches_attention_from
     lens = [9, 3, 14]
     batch = Batch(lens, 5, 12, gen, chain=chain)
     rows = torch.randn(SLOTS, D, generator=gen)
-    cache = quantize_rows(rows) if kv_dtype == "float8_e4m3fn" else rows.to(torch.bfloat16).unsqueeze(1)
+    rows = rows.to(torch.bfloat16)
+    cache = quantize_rows(rows, 512) if kv_dtype == "float8_e4m3fn" else rows.unsqueeze(1)
     q = torch.randn(15, H, D, generator=gen).to(torch.bfloat16)
     tree = kd.plan(batch.tree_slots, torch.tensor(lens), 5, custom_mask=None if chain else _sglang_mask(batch))
     out = kd.attend(q[..., :DV].reshape(15, H * DV), q[..., DV:], cache, batch.lists, tree)
