@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from .spec import SCALE_BLOCK
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 
@@ -44,15 +46,8 @@ def e4m3_rows(q: torch.Tensor) -> torch.Tensor:
 # 656 bytes. The byte order and the rounding are those of SGLang's writer for DSATokenToKVPool
 # (sglang.kernels.ops.quantization.dsa_quant_k_cache, tests/test_fp8.py checks byte equality).
 
-SCALE_BLOCK = 128
-
-
-def scaled_row_bytes(latent: int, rope: int) -> int:
-    return latent + latent // SCALE_BLOCK * 4 + rope * 2
-
-
 def quantize_rows(k: torch.Tensor, latent: int) -> torch.Tensor:
-    """uint8 [N, scaled_row_bytes] rows of bf16 keys k [N, latent + rope] (or [N, 1, ...]), SGLang's
+    """uint8 [N, kvrows.scaled_row_bytes] rows of bf16 keys k [N, latent + rope] (or [N, 1, ...]), SGLang's
     rule: per 128-dim block, scale = max|x| / 448 (fp32), byte = e4m3(clamp(x * (1 / scale), +-448));
     rope copied as bf16. An all-zero block gets scale 0 and zero bytes (it dequantizes to 0; SGLang's
     writer divides 0 by 0 there and stores what its float-to-e4m3 cast makes of NaN)."""

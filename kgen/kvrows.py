@@ -6,8 +6,7 @@ benchmarks all ask here, so a new row format is added in one place.
 
 from __future__ import annotations
 
-from . import fp8
-from .spec import Spec
+from .spec import SCALE_BLOCK, Spec
 
 ELEM_BYTES = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per KV element, by cache.kv_dtype
 CTYPES = {"bfloat16": "__nv_bfloat16", "float8_e4m3fn": "unsigned char"}  # C type of a KV element
@@ -26,8 +25,13 @@ def row_bytes(spec: Spec) -> int:
     type, or a DSA pool row (cache.scales per_block: e4m3 latent | fp32 block scales | bf16 rope)."""
     m = spec.model
     if spec.cache.per_block:
-        return fp8.scaled_row_bytes(m.kv_lora_rank, m.qk_rope_head_dim)
+        return scaled_row_bytes(m.kv_lora_rank, m.qk_rope_head_dim)
     return m.head_dim * elem_bytes(spec)
+
+
+def scaled_row_bytes(latent: int, rope: int) -> int:
+    """Bytes of a DSA pool row: e4m3 latent, one fp32 scale per SCALE_BLOCK dims, bf16 rope (§11)."""
+    return latent + latent // SCALE_BLOCK * 4 + rope * 2
 
 
 def staged_stride(row: int, pad: int) -> int:

@@ -97,7 +97,7 @@ class CacheSpec(_Strict):
 
     @property
     def per_block(self) -> bool:
-        """Rows in the DSA pool's scaled format (kgen.fp8.scaled_row_bytes)."""
+        """Rows in the DSA pool's scaled format (kgen.kvrows.scaled_row_bytes)."""
         return self.scales == "per_block"
 
     @field_validator("page_size")

@@ -121,6 +121,18 @@ def test_cached_build_is_fast_and_all_cached(tmp_path):
     assert elapsed < 2.0, f"cached build took {elapsed:.2f} s"
 
 
+def test_build_does_not_import_torch(tmp_path):
+    """Importing torch alone takes over a second on a CI core: planning, rendering and compiling
+    must not need it, so `kgen build` stays fast and runs where torch is broken."""
+    probe = ("import atexit, runpy, sys; atexit.register(lambda: print('torch' in sys.modules, file=sys.stderr)); "
+             f"sys.argv = ['kgen', 'build', {str(SPEC)!r}, '--json', '--out', {str(tmp_path / 'gen')!r}]; "
+             "runpy.run_module('kgen', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "KGEN_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "False", "kgen build imported torch"
+
+
 def test_build_writes_sources_and_manifest(tmp_path):
     p = plan(kgen.load_spec(SPEC))
     proc = _kgen([], tmp_path / "cache", tmp_path / "gen")

@@ -35,14 +35,14 @@ import torch
 
 from .. import env
 from ..errors import KgenError
-from ..spec import CacheSpec
+from ..kvrows import scaled_row_bytes
+from ..spec import SCALE_BLOCK, CacheSpec
 from . import sglang_compat as compat
 from . import sglang_defrag
 from .sglang_mla import KgenMLA
 
 NAME = "kgen"
 VERIFY, DECODE = "verify", "decode"
-SCALE_BLOCK = 128  # latent dims per fp32 scale in scaled fp8 rows
 SCALED_ROWS_ON_TRITON = (
     "kgen backend: a {mode} call of layer {layer} on a DSATokenToKVPool of fp8 rows with per-block scales, which "
     "kgen does not serve and SGLang's Triton backend cannot read or write; serve GLM-5 with --kv-cache-dtype bf16, "
@@ -136,9 +136,9 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
     cache = dict(page_size=1, kv_dtype=kv_dtype)  # slots are rows, whatever the pool's page size
     if rows.scaled:
-        if (rows.block, rows.rope_dtype, rows.width) != (SCALE_BLOCK, torch.bfloat16, scaled_row_bytes(cfg)):
+        if (rows.block, rows.rope_dtype, rows.width) != (SCALE_BLOCK, torch.bfloat16, scaled_row_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim)):
             return None, (f"scaled fp8 rows of {rows.width} B, {rows.block}-dim scale blocks and {rows.rope_dtype} "
-                          f"rope (kgen reads {scaled_row_bytes(cfg)} B rows: {SCALE_BLOCK}-dim blocks, bf16 rope)")
+                          f"rope (kgen reads {scaled_row_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim)} B rows: {SCALE_BLOCK}-dim blocks, bf16 rope)")
         if "scales" not in CacheSpec.model_fields:
             return None, "fp8 rows with per-block scales, which this kgen's specs cannot describe yet (no cache.scales)"
         cache["scales"] = "per_block"
@@ -187,11 +187,6 @@ def _serves(rows: compat.KVRows, kv_dtype: str, page_size: int, dim: int) -> str
     if rows.pool == "DSATokenToKVPool":
         line += "; dense attention (DSA indexer off: every token attends to its whole prefix)"
     return line
-
-
-def scaled_row_bytes(cfg) -> int:
-    """Bytes of a scaled fp8 row: e4m3 latent, one fp32 scale per block, bf16 rope (DESIGN §11)."""
-    return cfg.kv_lora_rank + cfg.kv_lora_rank // SCALE_BLOCK * 4 + cfg.qk_rope_head_dim * 2
 
 
 # ---- the backend ---------------------------------------------------------------------------------
