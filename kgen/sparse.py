@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from . import checks, env, fp8
+from . import checks, env
+from .kvargs import KVArgs
 from .sparse_plan import MIN_CHUNK, list_capacity
 from .splitkv import ceil_div
 
@@ -96,9 +97,7 @@ class SparseStep:
         self._q_shape = (self.num_tokens, m.num_q_heads, m.head_dim)
         self._out_shape = (self.num_tokens, m.num_q_heads, m.value_dim)
         self._lse_shape = (self.num_tokens, m.num_q_heads)
-        self._kv_fp8 = spec.cache.kv_dtype == "float8_e4m3fn"
-        self._kv_dtypes = (fp8.E4M3,) if self._kv_fp8 else _BF16
-        self._tree_dtypes = (torch.bfloat16, fp8.E4M3) if self._kv_fp8 else _BF16
+        self._kv = KVArgs(spec, dev)
         self._kernel = kernels.union if union else kernels.gather
         self._block = self._kernel.layout.pack(
             q=None, kv_cache=None, kv_scale=1.0, k_tree=None, tree_mask=self.tree_mask, qo_indptr=self.qo_indptr,
@@ -130,19 +129,10 @@ class SparseStep:
     def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
         """Sparse attention of the batch's tree tokens over their listed slots and trees: (out, lse)."""
         dev, v = self._device, self._block.values
-        v.kv_scale = kv_scale = fp8.check_scale(kv_scale)
-        if not self._kv_fp8 and kv_scale != 1.0:
-            raise ValueError(f"kv_scale: {self._spec.name} has a {self._spec.cache.kv_dtype} KV cache; "
-                             f"kv_scale applies to float8_e4m3fn caches only (got {kv_scale})")
-        width = self._q_shape[2]
+        v.kv_scale = kv_scale = self._kv.scale(kv_scale)
         v.q = checks.address("q", q, dtypes=_BF16, device=dev, shape=self._q_shape)
-        v.kv_cache, v.num_slots = checks.rows_address("kv_cache", kv_cache, dtypes=self._kv_dtypes, device=dev,
-                                                      width=width)
-        v.k_tree = checks.rows_address("k_tree", k_tree, dtypes=self._tree_dtypes, device=dev, width=width,
-                                       rows=self.num_tokens)[0]
-        if self._kv_fp8 and k_tree.dtype == torch.bfloat16:
-            k_tree = fp8.quantize(k_tree, kv_scale)  # held until the launch has read it
-            v.k_tree = k_tree.data_ptr()
+        v.kv_cache, v.num_slots = self._kv.cache(kv_cache)
+        v.k_tree, k_tree = self._kv.tree(k_tree, self.num_tokens, kv_scale)  # held until the launch
         if out is None:
             out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=dev)
         if lse is None:

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import checks, env, fp8, kvrows
+from . import checks, env
 from .choice import PlanChoice
 from .device import DeviceState
 from .kernels import COMBINE, PREFIX, TREE, VERIFY, AttentionEntry
+from .kvargs import KVArgs
 from .loading import LoadedPlans
 from .plan import Plan
 from .spec import Spec
@@ -106,15 +107,7 @@ class Step:
         self._q_shape = (self.num_tokens, m.num_q_heads, m.head_dim)
         self._out_shape = (self.num_tokens, m.num_q_heads, m.value_dim)
         self._lse_shape = (self.num_tokens, m.num_q_heads)
-        self._width = m.head_dim
-        self._kv_fp8 = spec.cache.kv_dtype == "float8_e4m3fn"
-        self._kv_dtypes = (fp8.E4M3,) if self._kv_fp8 else _BF16
-        self._tree_dtypes = (torch.bfloat16, fp8.E4M3) if self._kv_fp8 else _BF16
-        self._scaled = spec.cache.per_block  # the DSA pool's rows: uint8 [slots, 656], scales inside
-        self._row_width = m.head_dim
-        if self._scaled:
-            self._row_width = kvrows.row_bytes(spec)
-            self._kv_dtypes, self._tree_dtypes = (torch.uint8,), (torch.bfloat16, torch.uint8)
+        self._kv = KVArgs(spec, dev)
         combine = self._kernels[COMBINE.name]
         self._combine = (combine, COMBINE.grid(self.num_tokens * m.num_q_heads),
                          combine.layout.pack(**COMBINE.step_args(self)))
@@ -172,29 +165,15 @@ class Step:
         """Attention of the batch's tree tokens over each other under the tree mask only."""
         return self._run(TREE, q, None, k_tree, kv_scale, out, lse)
 
-    # An fp8 spec's KV rows are e4m3 bytes meaning byte * kv_scale; tree keys may come in bf16 (as
-    # SGLang passes the new tokens' k) and are then quantized with the same scale. A per-block spec's
-    # rows are the DSA pool's (kv_scale stays 1): bf16 tree keys are quantized to such rows with the
-    # pool's own rule (fp8.quantize_rows), so the kernel reads one row format, and a tree token means
-    # the same as it will once SGLang has stored it in the pool; or pass the stored uint8 rows.
-
     def _run(self, entry: AttentionEntry, q, kv_cache, k_tree, kv_scale, out, lse):
         kernel, grid, block = self._launches.get(entry) or self._build(entry)
         dev, v = self._device, block.values
-        v.kv_scale = kv_scale = self._check_scale(kv_scale)
+        v.kv_scale = kv_scale = self._kv.scale(kv_scale)
         v.q = checks.address("q", q, dtypes=_BF16, device=dev, shape=self._q_shape)
         if entry.prefix:
-            v.kv_cache, v.num_slots = checks.rows_address("kv_cache", kv_cache, dtypes=self._kv_dtypes, device=dev,
-                                                          width=self._row_width)
+            v.kv_cache, v.num_slots = self._kv.cache(kv_cache)
         if entry.tree:
-            rows_in_cache_format = self._scaled and getattr(k_tree, "dtype", None) == torch.uint8
-            v.k_tree = checks.rows_address("k_tree", k_tree, dtypes=self._tree_dtypes, device=dev,
-                                           width=self._row_width if rows_in_cache_format else self._width,
-                                           rows=self.num_tokens)[0]
-            if self._kv_fp8 and k_tree.dtype == torch.bfloat16:  # held until the launch has read it
-                k_tree = (fp8.quantize_rows(k_tree, self._ctx.spec.model.kv_lora_rank) if self._scaled
-                          else fp8.quantize(k_tree, kv_scale))
-                v.k_tree = k_tree.data_ptr()
+            v.k_tree, k_tree = self._kv.tree(k_tree, self.num_tokens, kv_scale)  # held until the launch
         combine, combine_grid, combine_block = self._combine
         if out is None:
             out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=dev)
@@ -213,17 +192,6 @@ class Step:
         if self.validate:
             self._raise_device_errors(entry.prefix)
         return out, lse
-
-    def _check_scale(self, kv_scale) -> float:
-        kv_scale = fp8.check_scale(kv_scale)
-        spec = self._ctx.spec
-        if not self._kv_fp8 and kv_scale != 1.0:
-            raise ValueError(f"kv_scale: {spec.name} has a {spec.cache.kv_dtype} KV cache; kv_scale applies to "
-                             f"float8_e4m3fn caches only (got {kv_scale})")
-        if self._scaled and kv_scale != 1.0:
-            raise ValueError(f"kv_scale: {spec.name} reads the DSA pool's rows (cache.scales: per_block), which carry "
-                             f"their own block scales; kv_scale applies to per-tensor fp8 caches only (got {kv_scale})")
-        return kv_scale
 
     def _build(self, entry: AttentionEntry) -> tuple:
         """Pack the entry's parameter block: everything but the per-layer tensors and kv_scale."""

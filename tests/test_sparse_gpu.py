@@ -28,6 +28,7 @@ pytestmark = pytest.mark.gpu
 SPARSE_SPECS = {
     "glm5_dsa_sm120": {},
     "glm5_dsa_fp8pt_sm120": {"cache": {"kv_dtype": "float8_e4m3fn"}},  # fp8 per-tensor rows
+    "glm5_dsa_pb_sm120": {"cache": {"kv_dtype": "float8_e4m3fn", "scales": "per_block"}},  # the DSA pool's 656-B rows
     "glm5_dsa_tp4_p1_sm120": {"model": {"num_q_heads": 16}, "cache": {"page_size": 1}, "tree": {"max_nodes": 256}},
 }
 PLAN_ARCHS = [None, "sm_120"]  # the GPU's own plan, and the sm_120 plan run on it
@@ -190,15 +191,15 @@ def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
     assert len(names) == 2 and names[0].startswith("sparse_verify_attn__") and names[1].startswith("sparse_combine__"), names
 
 
-@pytest.mark.parametrize("spec_name", ["glm5_dsa_sm120", "glm5_dsa_fp8pt_sm120"])
+@pytest.mark.parametrize("spec_name", ["glm5_dsa_sm120", "glm5_dsa_fp8pt_sm120", "glm5_dsa_pb_sm120"])
 def test_a_graph_replays_with_new_lists(sparse_module, cuda, seed, spec_name):
     """Two layers' calls of one step in one graph, replayed after new tree splits, lists, masks,
     queries and caches are copied into the captured tensors (each layer keeps its kv_scale)."""
     mod = sparse_module(spec_name, None)
     rng, g = random.Random(seed), torch.Generator(cuda).manual_seed(seed)
     dims = replace(Dims.of(mod.spec), kv_dtype="bfloat16")
-    fp8_kv = mod.spec.cache.kv_dtype == "float8_e4m3fn"
-    scales = [rng.uniform(0.25, 4.0) if fp8_kv else 1.0 for _ in range(2)]
+    per_tensor = mod.spec.cache.kv_dtype == "float8_e4m3fn" and not mod.spec.cache.per_block
+    scales = [rng.uniform(0.25, 4.0) if per_tensor else 1.0 for _ in range(2)]  # DSA rows carry their own
     sizes, pool_pages, width = [16, 9, 1, 30], 900, 2048
 
     def randn(t):
@@ -214,7 +215,7 @@ def test_a_graph_replays_with_new_lists(sparse_module, cuda, seed, spec_name):
         unused = x.base.kv_cache[:, 0].isnan()
         other = replace(x.base, q=randn(x.base.q), k_tree=randn(x.base.k_tree),
                         kv_cache=randn(x.base.kv_cache).masked_fill(unused[:, None], float("nan")))
-        return [SparseInputs(b.to_fp8(s) if fp8_kv else b, x.topk_indices) for b, s in zip((x.base, other), scales)]
+        return [SparseInputs(b.stored_as(Dims.of(mod.spec), s), x.topk_indices) for b, s in zip((x.base, other), scales)]
 
     first = batch()
     meta = {"qo_indptr": first[0].base.qo_indptr.clone(), "topk": first[0].topk_indices.clone(),
