@@ -13,8 +13,9 @@ DSATokenToKVPool with page size 64), with kgen's compiled sparse verify kernel:
   from a captured CUDA graph (the indexer's top-k and the attention in the graph, SGLang's
   graph-metadata hook before capture and before every replay).
 
-Stood in (printed): sgl_kernel (SGLang's compiled CUDA kernels; the GPU machine lacks it) and the
-indexer's fp8 paged-MQA logits kernel (DeepGEMM): the logits come from a reference of its contract
+Stood in (printed): sgl_kernel (SGLang's compiled CUDA kernels; the GPU machine lacks it), DeepGEMM's
+paged-MQA schedule (its shape: every DSA backend's metadata sizes it) and the indexer's fp8
+paged-MQA logits kernel (DeepGEMM's): the logits come from a reference of its contract
 (DSAStep.logits) and go through SGLang's own top-k (the torch one, SGLANG_DSA_FUSE_TOPK=0, whose
 fused kernels are sgl_kernel's). Run with bench/gpu_sglang.sh (which sets the environment).
 """
@@ -30,7 +31,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_dsa_harness import DSAHarness, DSAStep, rel_l2  # noqa: E402
+from sglang_dsa_harness import DSAHarness, DSAStep, rel_l2, stand_in_deep_gemm  # noqa: E402
 from sglang_harness import stand_in_missing  # noqa: E402
 from sparse_reference import dequantize_rows  # noqa: E402
 
@@ -46,7 +47,7 @@ def _setup(cuda, **kw) -> DSAHarness:
         pytest.skip("sglang is not installed (bench/gpu_sglang.sh installs the carried wheels)")
     if os.environ.get("SGLANG_DSA_FUSE_TOPK") != "0":
         pytest.skip("needs SGLANG_DSA_FUSE_TOPK=0 (SGLang's fused top-k is sgl_kernel's): bench/gpu_sglang.sh sets it")
-    stood_in = stand_in_missing()
+    stood_in = stand_in_missing() + stand_in_deep_gemm()
     print(f"stood in for: {stood_in + ['the indexer fp8 paged-MQA logits kernel (a reference of its contract)']}")
     os.environ["KGEN_DSA"] = "1"
     from kgen.integrations import sglang as integration
