@@ -126,15 +126,19 @@ struct ListRows {
     __device__ __forceinline__ const char* row(int, int slot) const { return kv_cache + (long long)slot * ROW_BYTES; }
 };
 
-// Row r of the CTA sees key j when its token's bit is set in key j's mask (bit 0: token0).
+// Row r of the CTA sees key j when its token's bit is set in key j's mask (bit 0: token0). The
+// masks are found as the kernel's lists argument plus a 32-bit index (the workspace holds far
+// fewer than 2^32 entries): the argument stays in the constant bank, where a 64-bit pointer held
+// through the tile loop spilled on sm_120 (168 registers for 9 warps).
 template <class C>
 struct ListVisible {
     static constexpr bool ALL = false;
-    const unsigned* masks;
+    const unsigned* lists;  // SparseArgs::lists
+    unsigned mask0;          // index of this CTA's first mask in lists
     int row0, token0, num_rows;  // the tile's first row within the request, its first token, its rows
     __device__ __forceinline__ bool operator()(int r, int j) const {
         if (r >= num_rows) return false;
-        return ((masks[j] >> ((row0 + r) / C::HEADS - token0)) & 1u) != 0;
+        return ((lists[mask0 + j] >> ((row0 + r) / C::HEADS - token0)) & 1u) != 0;
     }
 };
 
@@ -328,7 +332,9 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     const KeyList list{a.lists + (long long)blockIdx.x * 2 * SlotSet<TABLE>::CAP,
                        reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * SlotSet<TABLE>::CAP};
     const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
-    const ListVisible<C> visible{list.masks, row0, token0, num_rows};
+    const ListVisible<C> visible{reinterpret_cast<const unsigned*>(a.lists),
+                                 static_cast<unsigned>((blockIdx.x * 2 + 1) * SlotSet<TABLE>::CAP), row0, token0,
+                                 num_rows};
 
     AttnState<C> st;
     attend_begin<C>(smem, st, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2,

@@ -58,12 +58,12 @@ PLAN_ARCH = os.environ.get("KGEN_TEST_PLAN_ARCH") or None
 
 # Specs the tests need that are not shipped: name -> (shipped base, cache fields to override).
 # glm5_p64_sm120: bf16 rows at the DSA pool's page size; glm5_dsa_e4m3_sm120: the DSA pool's fp8 rows
-# with e4m3 MMAs; glm5_dsa_pb_sm120: sparse verify over the DSA pool's fp8 rows.
+# with e4m3 MMAs; glm5_dsa_bf16_sm120: sparse verify over the DSA pool's bf16 rows.
 DERIVED_SPECS = {"glm5_p16_sm120": ("glm5_sm120", {"page_size": 16}),
                  "glm5_fp8_p64_sm120": ("glm5_fp8_sm120", {"page_size": 64}),
                  "glm5_p64_sm120": ("glm5_sm120", {"page_size": 64}),
                  "glm5_dsa_e4m3_sm120": ("glm5_dsa_fp8_sm120", {"mma": "e4m3"}),
-                 "glm5_dsa_pb_sm120": ("glm5_dsa_sm120", {"kv_dtype": "float8_e4m3fn", "scales": "per_block"})}
+                 "glm5_dsa_bf16_sm120": ("glm5_dsa_sm120", {"kv_dtype": "bfloat16", "scales": None})}
 
 
 def spec_named(name: str) -> kgen.Spec:

@@ -22,6 +22,8 @@ from kgen.spec import parse_spec
 from kgen.accuracy import assert_close_attention
 from kgen.inputs import Dims
 
+from conftest import spec_named
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "specs" / "glm5_dsa_sm120.yaml"
 DIMS = Dims(num_heads=3, head_dim=64, value_dim=48, scale=0.2, max_nodes=40, page_size=4)
@@ -52,32 +54,34 @@ def test_index_topk_makes_a_sparse_spec_and_is_checked():
             parse_spec(spec_data(index_topk=bad), "bad.yaml")
 
 
-@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
-def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(arch):
-    p = plan(kgen.load_spec(SPEC), arch)
+# The hash set's entries: the largest power of two whose set (8 B an entry + 136 B) fits the KV
+# ring. sm_120's ring of the DSA pool's rows is 3 stages x 32 rows x 656 B = 62976 B: 4096 entries.
+TABLES = {("glm5_dsa_sm120", "sm_120"): 4096, ("glm5_dsa_sm120", "sm_90"): MAX_TABLE,
+          ("glm5_dsa_bf16_sm120", "sm_120"): MAX_TABLE, ("glm5_dsa_bf16_sm120", "sm_90"): MAX_TABLE}
+
+
+@pytest.mark.parametrize("name, arch", list(TABLES))
+def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
+    p = plan(spec_named(name), arch)
     sparse = {v.name: v for v in p.variants if v.kernel == "sparse_attn"}
     assert set(sparse) == {"sparse_verify_attn", "sparse_gather_attn"}
     for v in sparse.values():
         assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4," in v.constants["CONFIG"], v.constants["CONFIG"]
         assert v.smem_bytes <= p.arch.smem_per_block
         table = v.constants["TABLE"]
-        assert table == MAX_TABLE and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
+        assert table == TABLES[name, arch] and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
     assert sparse["sparse_verify_attn"].constants["UNION"] and not sparse["sparse_gather_attn"].constants["UNION"]
     assert p.variant("sparse_combine").constants["BM"] == 32  # the sparse tiles', whatever the dense design
     assert not [v for v in plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), arch).variants
                 if v.name.startswith("sparse")]
 
 
-GATHER_SPILLS = pytest.mark.xfail(strict=True, reason=(
-    "known defect: on sm_120 the per-token-gather baseline (not the union kernel) over the DSA pool's rows spills "
-    "40 B at ptxas's 168-register cap for 9 warps (one LDL.64 per KV tile)"))
-
-
-@pytest.mark.parametrize("arch, kv", [(a, k) for a in ("sm_120", "sm_90") for k in ("bfloat16", "float8_e4m3fn")]
-                         + [pytest.param("sm_120", "per_block", marks=GATHER_SPILLS), ("sm_90", "per_block")])
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+@pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn", "per_block"])
 def test_the_sparse_kernels_compile_without_spills_and_use_the_tensor_cores(arch, kv, tmp_path_factory):
     data = spec_data()
-    data["cache"].update({"kv_dtype": "float8_e4m3fn", "scales": "per_block"} if kv == "per_block" else {"kv_dtype": kv})
+    data["cache"].update({"kv_dtype": "float8_e4m3fn", "scales": "per_block"} if kv == "per_block"
+                         else {"kv_dtype": kv, "scales": None})
     data["name"] = f"dsa_{kv[:4]}"
     p = plan(parse_spec(data), arch)
     built = build(p.__class__(p.spec, p.arch, p.tiles, tuple(v for v in p.variants if v.name.startswith("sparse")),
@@ -228,7 +232,7 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
 
     text = CliRunner().invoke(app, ["show", str(SPEC)], env={"COLUMNS": "100"})
     assert text.exit_code == 0, text.output
-    assert "sparse_verify_attn (each row tile's union" in text.output and "8192-entry hash set" in text.output
+    assert "sparse_verify_attn (each row tile's union" in text.output and "4096-entry hash set" in text.output
     result = CliRunner().invoke(app, ["show", str(SPEC), "--json"])
     assert result.exit_code == 0, result.output
     main = json.loads(result.output)["sparse"][0]
@@ -236,7 +240,7 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
     shared = round(0.7 * 2048)
     union = shared + 16 * (2048 - shared)  # the issue's main shape: B=1, L=131072, T=16, K=2048
     assert main["union_rows"] == union
-    floor_us = (union + 16) * 1152 / 1792e9 * 1e6  # union rows (and the tree) once at sm_120's 1.79 TB/s
+    floor_us = (union + 16) * 656 / 1792e9 * 1e6  # union rows (and the tree) of 656 B once at sm_120's 1.79 TB/s
     assert main["floor_us"] == pytest.approx(floor_us, abs=0.05)
     assert main["model_us"] > main["floor_us"]  # the model never beats its floor
 
@@ -248,7 +252,7 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
 
     from kgen.sparse import UNBOUNDED, sparse_workspace_layout
 
-    mod = stub_module("glm5_dsa_sm120", sm_count=132)
+    mod = stub_module("glm5_dsa_bf16_sm120", sm_count=132)
     x = make_sparse_inputs(mod.spec, [5, 16, 0, 2], [300, 4000, 10, 0], 512, holes=0.1, generator=gen(seed))
     b = x.base
     out, lse = b.outputs()
@@ -280,7 +284,7 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
 def test_sparse_arguments_are_checked_before_any_launch(seed):
     from test_step import stub_module
 
-    mod = stub_module("glm5_dsa_sm120")
+    mod = stub_module("glm5_dsa_bf16_sm120")
     x = make_sparse_inputs(mod.spec, [4], [300], 64, generator=gen(seed))
     q, cache, k_tree, qo, topk, mask = x.args()
     cases = [
@@ -312,7 +316,7 @@ def test_a_sparse_step_reads_the_dsa_pools_rows(seed):
 
     from kgen.fp8 import quantize_rows
 
-    mod = stub_module("glm5_dsa_pb_sm120")
+    mod = stub_module("glm5_dsa_sm120")
     x = make_sparse_inputs(mod.spec, [5, 3], [300, 70], 128, generator=gen(seed))
     b = x.base
     assert b.kv_cache.dtype == torch.uint8 and b.kv_cache.shape[1] == 656

@@ -26,10 +26,11 @@ pytestmark = pytest.mark.gpu
 
 # name -> changes to the shipped sparse spec (model and cache fields, tree size)
 SPARSE_SPECS = {
-    "glm5_dsa_sm120": {},
-    "glm5_dsa_fp8pt_sm120": {"cache": {"kv_dtype": "float8_e4m3fn"}},  # fp8 per-tensor rows
-    "glm5_dsa_pb_sm120": {"cache": {"kv_dtype": "float8_e4m3fn", "scales": "per_block"}},  # the DSA pool's 656-B rows
-    "glm5_dsa_tp4_p1_sm120": {"model": {"num_q_heads": 16}, "cache": {"page_size": 1}, "tree": {"max_nodes": 256}},
+    "glm5_dsa_sm120": {},  # shipped: the DSA pool's 656-B fp8 rows (per-block scales)
+    "glm5_dsa_bf16_sm120": {"cache": {"kv_dtype": "bfloat16", "scales": None}},  # the pool's bf16 rows
+    "glm5_dsa_fp8pt_sm120": {"cache": {"scales": "per_tensor"}},  # fp8 rows with one kv_scale per layer
+    "glm5_dsa_tp4_p1_sm120": {"model": {"num_q_heads": 16}, "cache": {"page_size": 1, "kv_dtype": "bfloat16",
+                                                                      "scales": None}, "tree": {"max_nodes": 256}},
 }
 PLAN_ARCHS = [None, "sm_120"]  # the GPU's own plan, and the sm_120 plan run on it
 
@@ -191,7 +192,7 @@ def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
     assert len(names) == 2 and names[0].startswith("sparse_verify_attn__") and names[1].startswith("sparse_combine__"), names
 
 
-@pytest.mark.parametrize("spec_name", ["glm5_dsa_sm120", "glm5_dsa_fp8pt_sm120", "glm5_dsa_pb_sm120"])
+@pytest.mark.parametrize("spec_name", ["glm5_dsa_sm120", "glm5_dsa_bf16_sm120", "glm5_dsa_fp8pt_sm120"])
 def test_a_graph_replays_with_new_lists(sparse_module, cuda, seed, spec_name):
     """Two layers' calls of one step in one graph, replayed after new tree splits, lists, masks,
     queries and caches are copied into the captured tensors (each layer keeps its kv_scale)."""

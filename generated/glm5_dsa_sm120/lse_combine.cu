@@ -4,7 +4,7 @@
 
 static_assert(128 * 4 == 512, "one thread per 4 output dims");
 
-extern "C" __global__ void __launch_bounds__(128, 4) lse_combine__h8_d576_ps64_bf16_t64_sm120__04a23689f30a(
+extern "C" __global__ void __launch_bounds__(128, 4) lse_combine__h8_d576_ps64_e4m3f16_pb_t64_sm120__04a23689f30a(
     const float* __restrict__ part_o,
     const float* __restrict__ part_lse,
     const int* __restrict__ qo_indptr,

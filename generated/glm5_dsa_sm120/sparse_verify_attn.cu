@@ -7,20 +7,20 @@
 
 // Shared memory of the mma.sync loop (kgen/designs/mma_sync.py): offsets and sizes in bytes.
 struct Layout {
-    static constexpr int KV_STRIDE = 1168;
+    static constexpr int KV_STRIDE = 656;
     static constexpr int Q_STRIDE = 1168;
     static constexpr int S_STRIDE = 40;
     static constexpr int P_STRIDE = 80;
-    static constexpr int RING_BYTES = 74752;
-    static constexpr int S_OFF = 74752;
-    static constexpr int P_OFF = 95232;
-    static constexpr int ALPHA_OFF = 97792;
-    static constexpr int INV_L_OFF = 97920;
-    static constexpr int BAR_OFF = 98048;
-    static constexpr int SMEM_BYTES = 98088;
-    static constexpr int SCRATCH_OFF = 74752;
+    static constexpr int RING_BYTES = 62976;
+    static constexpr int S_OFF = 62976;
+    static constexpr int P_OFF = 83456;
+    static constexpr int ALPHA_OFF = 93696;
+    static constexpr int INV_L_OFF = 94208;
+    static constexpr int BAR_OFF = 94720;
+    static constexpr int SMEM_BYTES = 94776;
+    static constexpr int SCRATCH_OFF = 62976;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
@@ -32,11 +32,11 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576_ps64_bf16_t64_sm120__095fc1fbe879(
+extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__5c81a6943bea(
     const __nv_bfloat16* __restrict__ q,
-    const __nv_bfloat16* __restrict__ kv_cache,
+    const unsigned char* __restrict__ kv_cache,
     float kv_scale,
-    const __nv_bfloat16* __restrict__ k_tree,
+    const unsigned char* __restrict__ k_tree,
     const int* __restrict__ tree_mask,
     const int* __restrict__ qo_indptr,
     const int* __restrict__ topk_indices,
@@ -55,7 +55,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576
     int* lists,
     long long num_slots) {
     extern __shared__ __align__(1024) char smem[];
-    kgen::sparse_attention<Cfg, true, 8192, MASK_WORDS>(
+    kgen::sparse_attention<Cfg, true, 4096, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask},
         kgen::SparseArgs{qo_indptr, topk_indices, topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens,

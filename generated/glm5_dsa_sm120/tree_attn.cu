@@ -7,20 +7,20 @@
 
 // Shared memory of the mma.sync loop (kgen/designs/mma_sync.py): offsets and sizes in bytes.
 struct Layout {
-    static constexpr int KV_STRIDE = 1168;
+    static constexpr int KV_STRIDE = 656;
     static constexpr int Q_STRIDE = 1168;
     static constexpr int S_STRIDE = 40;
     static constexpr int P_STRIDE = 80;
-    static constexpr int RING_BYTES = 74752;
-    static constexpr int S_OFF = 74752;
-    static constexpr int P_OFF = 95232;
-    static constexpr int ALPHA_OFF = 97792;
-    static constexpr int INV_L_OFF = 97920;
-    static constexpr int BAR_OFF = 98048;
-    static constexpr int SMEM_BYTES = 98088;
-    static constexpr int SCRATCH_OFF = 74752;
+    static constexpr int RING_BYTES = 62976;
+    static constexpr int S_OFF = 62976;
+    static constexpr int P_OFF = 83456;
+    static constexpr int ALPHA_OFF = 93696;
+    static constexpr int INV_L_OFF = 94208;
+    static constexpr int BAR_OFF = 94720;
+    static constexpr int SMEM_BYTES = 94776;
+    static constexpr int SCRATCH_OFF = 62976;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
@@ -32,9 +32,9 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps64_bf16_t64_sm120__8146387fdb56(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__289e5f631fd2(
     const __nv_bfloat16* __restrict__ q,
-    const __nv_bfloat16* __restrict__ k_tree,
+    const unsigned char* __restrict__ k_tree,
     float kv_scale,
     const int* __restrict__ tree_mask,
     const int* __restrict__ qo_indptr,
