@@ -41,7 +41,7 @@
 //   <= 1 and keeps its precision whatever the cache's magnitudes; the group's O is held in units
 //   of ref_g and rescaled with alpha when ref_g moves, and the final 1/l carries ref_g.
 #pragma once
-#include "kgen/rows.cuh"
+#include "kgen/mma_fragments.cuh"
 
 namespace kgen {
 
@@ -135,20 +135,6 @@ __device__ __forceinline__ int key_byte(int d) {
 // Whether k-step ks is a scaled row's bf16 rope step (a bf16 MMA among the f16/e4m3 ones).
 template <class C>
 __device__ __forceinline__ bool bf16_rope_step(int ks) { return C::KV_SCALED && ks >= C::VALUE_STEPS; }
-
-// Whether group `group` has a k-step `ks` (the rope steps may not divide evenly among groups).
-template <class C>
-__device__ __forceinline__ bool has_step(int group, int ks) {
-    return ks < C::VALUE_STEPS || (ks - C::VALUE_STEPS) * C::DIM_GROUPS + group < C::ROPE_STEPS;
-}
-
-// d += a * b in the MMA type of the config.
-template <class C>
-__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if constexpr (C::MMA_E4M3) mma_16832_e4m3(d, a, b0, b1);
-    else if constexpr (C::MMA_F16) mma_16816_f16(d, a, b0, b1);
-    else mma_16816(d, a, b0, b1);
-}
 
 // Per-thread state of a CTA attending BM query rows: the warp's Q fragments (for its key dims),
 // its O accumulator (for its value dims), and the online-softmax state of row red_row: the
@@ -312,21 +298,6 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     __syncthreads();  // Q is in registers: the ring may be refilled
 }
 
-// Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
-// in the k order of the P·V B fragments built from ldmatrix.trans (see value_fragments): key
-// 2q+i+8h of the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
-template <class C>
-__device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1) {
-    if constexpr (C::MMA_E4M3) {
-        const int k = c % 16, pos = c - k + 4 * ((k % 8) / 2) + 2 * (k / 8);
-        *reinterpret_cast<unsigned short*>(p_row + pos) = pack_e4m3x2(p0 * C::P_SCALE, p1 * C::P_SCALE);
-    } else if constexpr (C::MMA_F16) {
-        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_half2(p0, p1);
-    } else {
-        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
-    }
-}
-
 // B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of
 // the 16 keys from key0: kb[n] for keys key0 + [8n, 8n + 8).
 template <class C>
@@ -435,46 +406,6 @@ __device__ __forceinline__ void store_scaled_p(AttnState<C>& st, const char* kt,
             store_p2<C>(p_row, col0 + c, p[c] * s0 * inv_ref, p[c + 1] * s1 * inv_ref);
         }
         if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[gi * C::BM + row] = factor;
-    }
-}
-
-// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
-// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
-// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
-// interleaves them).
-template <class C>
-__device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
-                                                int dim, int lane) {
-    if constexpr (!C::KV_FP8) {
-        unsigned b[4];
-        ldmatrix_x4_trans(b, kt + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
-        vb[0][0][0] = b[0];
-        vb[0][0][1] = b[1];
-        vb[0][1][0] = b[2];
-        vb[0][1][1] = b[3];
-    } else {
-        // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: t[i] holds keys 8i+2q, 8i+2q+1
-        // of dims 2g, 2g+1.
-        unsigned t[4];
-        ldmatrix_x4_trans(t, kt + (key0 + lane) * C::KV_STRIDE + dim);
-        if constexpr (C::MMA_E4M3) {
-            // k = 32: byte permutes gather keys {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in.
-            vb[0][0][0] = __byte_perm(t[0], t[1], 0x6420);
-            vb[0][0][1] = __byte_perm(t[2], t[3], 0x6420);
-            vb[0][1][0] = __byte_perm(t[0], t[1], 0x7531);
-            vb[0][1][1] = __byte_perm(t[2], t[3], 0x7531);
-        } else {
-            // k = 16 in key order: keys 2q, 2q+1 (register 0) and 2q+8, 2q+9 (register 1) of k-step s
-            // are t[2s] and t[2s+1]; a permute puts each dim's two keys side by side for the f16 convert.
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const unsigned even_odd = __byte_perm(t[2 * s + i], 0, 0x3120);
-                    vb[s][0][i] = e4m3x2_to_f16x2(even_odd);
-                    vb[s][1][i] = e4m3x2_to_f16x2(even_odd >> 16);
-                }
-        }
     }
 }
 

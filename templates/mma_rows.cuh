@@ -1,11 +1,11 @@
 // The overlap loop's mma.sync pieces (attention_overlap.cuh): Q·K partial scores over a dim group's
 // k-steps, their exchange and the online softmax of a tile, P·V, and the normalized output, each
 // for a slice of rows (row0, 16-row tiles) and of value dims (dim0), read from the design's Config C.
-// Debt: the row-block loop (attention.cuh) has its own copies of the fragment helpers, which grew
-// the DSA pool's scaled rows meanwhile; these were shared by both loops before that merge and should
-// be again (one header, sliced by rows and dims as here, with the scaled-row branches).
+// The fragment pieces both loops share are in mma_fragments.cuh; key_dim, key_fragments and
+// rescale_and_pv differ between them (the row-block loop's read the DSA pool's scaled rows, which
+// this loop does not serve; these are sliced by rows and dims).
 #pragma once
-#include "kgen/rows.cuh"
+#include "kgen/mma_fragments.cuh"
 
 namespace kgen {
 
@@ -14,35 +14,6 @@ template <class C>
 __device__ __forceinline__ int key_dim(int group, int ks) {
     return ks < C::VALUE_STEPS ? group * C::DV_G + ks * C::K_STEP
                                : C::DV + ((ks - C::VALUE_STEPS) * C::DIM_GROUPS + group) * C::K_STEP;
-}
-
-// Whether group `group` has a k-step `ks` (the rope steps may not divide evenly among groups).
-template <class C>
-__device__ __forceinline__ bool has_step(int group, int ks) {
-    return ks < C::VALUE_STEPS || (ks - C::VALUE_STEPS) * C::DIM_GROUPS + group < C::ROPE_STEPS;
-}
-
-// d += a * b in the MMA type of the config.
-template <class C>
-__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if constexpr (C::MMA_E4M3) mma_16832_e4m3(d, a, b0, b1);
-    else if constexpr (C::MMA_F16) mma_16816_f16(d, a, b0, b1);
-    else mma_16816(d, a, b0, b1);
-}
-
-// Store two probabilities of keys (c, c + 1) of a row (c even). e4m3: a 16-key block is stored
-// in the k order of the P·V B fragments built from ldmatrix.trans (see value_fragments): key
-// 2q+i+8h of the block sits at 4q+i+2h, so keys c, c + 1 stay adjacent.
-template <class C>
-__device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1) {
-    if constexpr (C::MMA_E4M3) {
-        const int k = c % 16, pos = c - k + 4 * ((k % 8) / 2) + 2 * (k / 8);
-        *reinterpret_cast<unsigned short*>(p_row + pos) = pack_e4m3x2(p0 * C::P_SCALE, p1 * C::P_SCALE);
-    } else if constexpr (C::MMA_F16) {
-        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_half2(p0, p1);
-    } else {
-        *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
-    }
 }
 
 // B operands of S = Q·K^T for the k-step at byte k_byte of the K_BLOCK keys from key0: kb[n] for
@@ -71,46 +42,6 @@ __device__ __forceinline__ void key_fragments(unsigned (&kb)[KEYS / 8][2], const
         kb[0][1] = r[1];
         kb[1][0] = r[2];
         kb[1][1] = r[3];
-    }
-}
-
-// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
-// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
-// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
-// interleaves them).
-template <class C>
-__device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
-                                                int dim, int lane) {
-    if constexpr (!C::KV_FP8) {
-        unsigned b[4];
-        ldmatrix_x4_trans(b, kt + (key0 + (lane % 8) + ((lane / 8) % 2) * 8) * C::KV_STRIDE + (dim + (lane / 16) * 8) * 2);
-        vb[0][0][0] = b[0];
-        vb[0][0][1] = b[1];
-        vb[0][1][0] = b[2];
-        vb[0][1][1] = b[3];
-    } else {
-        // Four 8-key x 16-dim byte blocks, transposed as b16 pairs: t[i] holds keys 8i+2q, 8i+2q+1
-        // of dims 2g, 2g+1.
-        unsigned t[4];
-        ldmatrix_x4_trans(t, kt + (key0 + lane) * C::KV_STRIDE + dim);
-        if constexpr (C::MMA_E4M3) {
-            // k = 32: byte permutes gather keys {2q, 2q+1, 2q+8, 2q+9} — the order store_p2 wrote P in.
-            vb[0][0][0] = __byte_perm(t[0], t[1], 0x6420);
-            vb[0][0][1] = __byte_perm(t[2], t[3], 0x6420);
-            vb[0][1][0] = __byte_perm(t[0], t[1], 0x7531);
-            vb[0][1][1] = __byte_perm(t[2], t[3], 0x7531);
-        } else {
-            // k = 16 in key order: keys 2q, 2q+1 (register 0) and 2q+8, 2q+9 (register 1) of k-step s
-            // are t[2s] and t[2s+1]; a permute puts each dim's two keys side by side for the f16 convert.
-#pragma unroll
-            for (int s = 0; s < 2; ++s)
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const unsigned even_odd = __byte_perm(t[2 * s + i], 0, 0x3120);
-                    vb[s][0][i] = e4m3x2_to_f16x2(even_odd);
-                    vb[s][1][i] = e4m3x2_to_f16x2(even_odd >> 16);
-                }
-        }
     }
 }
 
