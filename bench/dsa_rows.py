@@ -2,7 +2,7 @@
 656-byte fp8 rows with per-block scales, next to today's bf16 page-1 verify, on the same shapes,
 with the same method as bench/run.py (CUDA-graph replay of K rotated input sets, median / K).
 
-    python -m bench.dsa_rows [--plan-arch sm_120] [--out DIR]
+    python -m bench.dsa_rows [--plan-arch sm_120] [--fp8-tiles wgmma:32,3,1] [--out DIR]
 
 Prints one table and writes dsa_rows-<device>-<plan>.json to --out (default bench/results).
 """
@@ -18,6 +18,7 @@ import torch
 import yaml
 
 import kgen
+from kgen import designs
 from kgen.spec import parse_spec
 from kgen.inputs import make_verify_inputs
 from kgen.timing import time_rotation
@@ -59,13 +60,19 @@ def time_shape(mod, b: int, length: int, t: int, device) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dsa_rows", description=__doc__.split("\n\n")[0])
     p.add_argument("--plan-arch", default=None, help="run this arch's plan (e.g. sm_120 on an H200)")
+    p.add_argument("--fp8-tiles", default=None,
+                   help="the fp8 formats' tiling (e.g. wgmma:32,3,1: the wgmma loop over fp8 rows, a candidate)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
+    fp8_tiles = designs.parse(args.fp8_tiles) if args.fp8_tiles else None
+    if args.fp8_tiles and fp8_tiles is None:
+        p.error(f"--fp8-tiles {args.fp8_tiles!r} is not a tiling ({designs.text_forms()})")
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
     rows = []
     for label, spec_name, cache in FORMATS:
-        mod = kgen.jit(spec_of(spec_name, cache), arch=args.plan_arch)
+        spec = spec_of(spec_name, cache)
+        mod = kgen.jit(spec, arch=args.plan_arch, tiles=fp8_tiles if spec.cache.kv_dtype != "bfloat16" else None)
         for b, length, t in SHAPES:
             us = time_shape(mod, b, length, t, device)
             rows.append({"format": label, "spec": mod.spec.name, "plan": mod.plan.tiles.design,
@@ -73,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:24s} {mod.plan.arch.name}/{mod.plan.tiles.design:8s} B={b:<3d} L={length:<7d} T={t:<3d} "
                   f"{us:9.1f} us", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"dsa_rows-{name.replace(' ', '_')}-{args.plan_arch or 'own'}.json"
+    tag = f"-fp8_{args.fp8_tiles.replace(':', '_').replace(',', '_')}" if args.fp8_tiles else ""
+    path = args.out / f"dsa_rows-{name.replace(' ', '_')}-{args.plan_arch or 'own'}{tag}.json"
     path.write_text(json.dumps({"device": name, "plan_arch": args.plan_arch, "rows": rows}, indent=1))
     print(f"wrote {path}")
     return 0

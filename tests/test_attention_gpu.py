@@ -369,3 +369,27 @@ def test_every_sm120_tiling_matches_the_reference(cuda, seed, tiles, case):
         inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda,
                                  generator=generator(cuda, rng.randrange(2**62)))
         check_ops(mod, inp, f"{tiles} {what}: {describe('glm5_sm120', inp, kind)}")
+
+
+# The wgmma loop over fp8 rows (its producer converts them to bf16): a tuning candidate of the
+# sm_90 plan until measured, so it runs here; both row formats, both ring depths.
+SM90_FP8_TILINGS = ["wgmma:32,2,1", "wgmma:32,3,1"]
+
+
+@pytest.mark.parametrize("case", range(2))
+@pytest.mark.parametrize("tiles", SM90_FP8_TILINGS)
+@pytest.mark.parametrize("spec_name", ["glm5_fp8_sm120", "glm5_fp8_p64_sm120", "glm5_dsa_fp8_sm120"])
+def test_the_wgmma_loop_over_fp8_rows_matches_the_reference(cuda, seed, spec_name, tiles, case):
+    if torch.cuda.get_device_capability(cuda) != (9, 0):
+        pytest.skip("the wgmma loop needs sm_90 (an H100 / H200)")
+    key = (spec_name, tiles)
+    if key not in _TILED:
+        _TILED[key] = kgen.jit(spec_named(spec_name), arch="sm_90", tiles=designs.parse(tiles))
+    mod = _TILED[key]
+    dims = Dims.of(mod.spec)
+    rng = random.Random(seed)
+    for what, (sizes, lens) in [*edge_batches(dims.max_nodes, rng).items(), ("random", random_batch(dims, rng)[:2])]:
+        kind = rng.choice(TREE_KINDS)
+        inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda,
+                                 generator=generator(cuda, rng.randrange(2**62)))
+        check_ops(mod, inp, f"{spec_name} {tiles} {what}: {describe(spec_name, inp, kind)}")

@@ -12,8 +12,9 @@ from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
-from kgen.arch import ArchError
-from kgen.designs import MmaSyncTiles, OverlapTiles
+from kgen.arch import ArchError, get_arch
+from kgen.designs import MmaSyncTiles, OverlapTiles, WgmmaTiles
+from kgen.designs import wgmma as wgmma_design
 from kgen.model import Shape, work_items
 from kgen.plan import plan
 from kgen.render import generated_files, render
@@ -125,7 +126,7 @@ def test_dsa_pool_rows_plan_656_byte_rows_in_three_stages_on_sm120():
     ldmatrix rows need no padding), one P, alpha and 1/l per warp group; 3 stages fit 99 KB."""
     spec = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
     p = plan(spec)
-    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles.design == "mma_sync"  # wgmma takes bf16 only
+    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles.design == "mma_sync"  # wgmma fp8: a candidate
     kv, s_part, p_bytes, stats, bars = 3 * 32 * 656, 4 * 32 * 40 * 4, 4 * 32 * (32 * 2 + 16), 4 * 2 * 32 * 4, 7 * 8
     assert p.tiles.smem_bytes(spec) == kv + s_part + p_bytes + stats + bars <= SM120_SMEM
     v = p.variant("verify_attn")
@@ -277,3 +278,34 @@ def test_a_kernel_compiles_with_and_is_keyed_by_only_the_headers_it_includes(mon
     assert rendering.included_headers(src) == {k: every[k] for k in ("kgen/common.cuh", "kgen/merge.cuh")}
     monkeypatch.setattr(rendering, "headers", lambda: {**every, "kgen/common.cuh": "// edited"})
     assert rendering.included_headers(src)["kgen/common.cuh"] == "// edited"
+
+
+# The wgmma loop over fp8 rows (its producer converts each raw tile into the bf16 ring): a tuning
+# candidate of the sm_90 plan, not its default, until a GPU has measured it (bench/NOTES.md v17).
+# Its producer keeps 24 registers: over the DSA pool's rows (page 64) it spills some of its row
+# source's state (the consumers, which run the MMAs, spill nothing in the prefix loop).
+DSA_PRODUCER_SPILL_BYTES = 160
+
+
+@pytest.mark.parametrize("name", ["glm5_fp8_sm120", "glm5_dsa_fp8_sm120"])
+def test_the_wgmma_loop_takes_fp8_rows_as_a_tuning_candidate(name, tmp_path):
+    spec = kgen.load_spec(ROOT / "specs" / f"{name}.yaml")
+    arch = get_arch("sm_90")
+    assert plan(spec, "sm_90").tiles.design == "mma_sync"
+    assert wgmma_design.DESIGN.candidates(spec, arch) == [WgmmaTiles(stages=2), WgmmaTiles(stages=3)]
+    row = 656 if spec.cache.per_block else 576
+    p = plan(spec, "sm_90", WgmmaTiles(stages=3))
+    layout = p.tiles.layout(spec)
+    raw_stage = -(-(32 * row + (128 * 16 if spec.cache.per_block else 0)) // 128) * 128
+    assert layout["RAW_STAGE_BYTES"] == raw_stage and layout["RAW_OFF"] % 128 == 0
+    assert layout["SMEM_BYTES"] == layout["RAW_OFF"] + 2 * raw_stage + 1024 <= arch.smem_per_block
+    with pytest.raises(PlanError, match="shared memory"):
+        plan(spec, "sm_90", WgmmaTiles(stages=4))  # 4 bf16 stages and 2 raw ones do not fit 227 KB
+    prefix = p.variant("prefix_attn")
+    assert f"true, {'true' if spec.cache.per_block else 'false'}, Layout>" in render(prefix)
+    [b] = build(p.__class__(p.spec, p.arch, p.tiles, (prefix,), p.budget), ["sm_90"], KernelCache(tmp_path),
+                inspect=True)
+    assert b.sass["HGMMA"] > 0 and b.sass["LDGSTS"] > 0 and b.smem_bytes <= arch.smem_per_block
+    assert b.report.spill_bytes <= (DSA_PRODUCER_SPILL_BYTES if spec.cache.per_block else 0), b.report
+    e4m3 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_mma_e4m3_sm120.yaml")
+    assert wgmma_design.DESIGN.candidates(e4m3, arch) == []  # e4m3 MMAs are the mma.sync loop's
