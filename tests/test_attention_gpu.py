@@ -351,7 +351,7 @@ def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spe
 # run: the heuristic sm_120 plan is one of them, the others run only here.
 SM120_TILINGS = ["mma_sync:32,32,2,2,1", "mma_sync:32,16,2,4,1", "overlap:16,4,1,1", "overlap:16,4,0,1",
                  "overlap:32,2,0,1"]
-_TILED: dict = {}  # tiles -> module, compiled once per session
+_TILED: dict = {}  # (spec, arch, tiles) -> module, compiled once per session
 
 
 @pytest.mark.parametrize("case", range(2))
@@ -359,16 +359,22 @@ _TILED: dict = {}  # tiles -> module, compiled once per session
 def test_every_sm120_tiling_matches_the_reference(cuda, seed, tiles, case):
     """glm5_sm120 (H = 8): edge batches and a random batch per case. (KGEN_TEST_PLAN_ARCH=sm_120
     runs the whole suite, every spec, with the sm_120 plan's own tiling.)"""
-    if tiles not in _TILED:
-        _TILED[tiles] = kgen.jit(spec_named("glm5_sm120"), arch="sm_120", tiles=designs.parse(tiles))
-    mod = _TILED[tiles]
+    check_tiling(cuda, seed, "glm5_sm120", "sm_120", tiles)
+
+
+def check_tiling(cuda, seed: int, spec_name: str, arch: str, tiles: str) -> None:
+    """Edge batches and a random batch through the spec's `arch` plan with `tiles` (compiled once)."""
+    key = (spec_name, arch, tiles)
+    if key not in _TILED:
+        _TILED[key] = kgen.jit(spec_named(spec_name), arch=arch, tiles=designs.parse(tiles))
+    mod = _TILED[key]
     dims = Dims.of(mod.spec)
     rng = random.Random(seed)
     for what, (sizes, lens) in [*edge_batches(dims.max_nodes, rng).items(), ("random", random_batch(dims, rng)[:2])]:
         kind = rng.choice(TREE_KINDS)
         inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda,
                                  generator=generator(cuda, rng.randrange(2**62)))
-        check_ops(mod, inp, f"{tiles} {what}: {describe('glm5_sm120', inp, kind)}")
+        check_ops(mod, inp, f"{spec_name} {tiles} {what}: {describe(spec_name, inp, kind)}")
 
 
 # The wgmma loop over fp8 rows (its producer converts them to bf16): a tuning candidate of the
@@ -382,14 +388,4 @@ SM90_FP8_TILINGS = ["wgmma:32,2,1", "wgmma:32,3,1"]
 def test_the_wgmma_loop_over_fp8_rows_matches_the_reference(cuda, seed, spec_name, tiles, case):
     if torch.cuda.get_device_capability(cuda) != (9, 0):
         pytest.skip("the wgmma loop needs sm_90 (an H100 / H200)")
-    key = (spec_name, tiles)
-    if key not in _TILED:
-        _TILED[key] = kgen.jit(spec_named(spec_name), arch="sm_90", tiles=designs.parse(tiles))
-    mod = _TILED[key]
-    dims = Dims.of(mod.spec)
-    rng = random.Random(seed)
-    for what, (sizes, lens) in [*edge_batches(dims.max_nodes, rng).items(), ("random", random_batch(dims, rng)[:2])]:
-        kind = rng.choice(TREE_KINDS)
-        inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda,
-                                 generator=generator(cuda, rng.randrange(2**62)))
-        check_ops(mod, inp, f"{spec_name} {tiles} {what}: {describe(spec_name, inp, kind)}")
+    check_tiling(cuda, seed, spec_name, "sm_90", tiles)
