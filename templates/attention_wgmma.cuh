@@ -98,7 +98,7 @@ template <class C>
 __device__ __forceinline__ void copy_raw_row(char* raw_stage, const char* src, int row, int sub) {
     char* raw = raw_stage + row * C::KV_ROW;
     if constexpr (C::KV_SCALED) {
-#pragma unroll
+#pragma unroll 1  // rolled: the producer has 24 registers
         for (int c = sub; c < C::DV / 16; c += C::ROW_THREADS) cp_async16(raw + c * 16, src + c * 16);
         cp_async16(raw_stage + C::RAW_SCALES_OFF + threadIdx.x * 16, src + C::DV);
 #pragma unroll
