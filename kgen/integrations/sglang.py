@@ -36,7 +36,7 @@ import torch
 from .. import env
 from ..errors import KgenError
 from ..kvrows import scaled_row_bytes
-from ..spec import SCALE_BLOCK, CacheSpec
+from ..spec import SCALE_BLOCK
 from . import sglang_compat as compat
 from . import sglang_defrag
 from .sglang_mla import KgenMLA
@@ -136,11 +136,10 @@ def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
     dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
     cache = dict(page_size=1, kv_dtype=kv_dtype)  # slots are rows, whatever the pool's page size
     if rows.scaled:
-        if (rows.block, rows.rope_dtype, rows.width) != (SCALE_BLOCK, torch.bfloat16, scaled_row_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim)):
+        width = scaled_row_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+        if (rows.block, rows.rope_dtype, rows.width) != (SCALE_BLOCK, torch.bfloat16, width):
             return None, (f"scaled fp8 rows of {rows.width} B, {rows.block}-dim scale blocks and {rows.rope_dtype} "
-                          f"rope (kgen reads {scaled_row_bytes(cfg.kv_lora_rank, cfg.qk_rope_head_dim)} B rows: {SCALE_BLOCK}-dim blocks, bf16 rope)")
-        if "scales" not in CacheSpec.model_fields:
-            return None, "fp8 rows with per-block scales, which this kgen's specs cannot describe yet (no cache.scales)"
+                          f"rope (kgen reads {width} B rows: {SCALE_BLOCK}-dim blocks, bf16 rope)")
         cache["scales"] = "per_block"
     elif rows.width != dim:
         return None, f"{rows.width}-wide KV rows (kgen reads {dim}-wide latent rows)"
