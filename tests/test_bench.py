@@ -153,3 +153,19 @@ def test_model_validate_reads_ncu_csv():
             '"0","verify_attn__x","lts__t_sector_hit_rate.pct","%","78.5"\n')
     assert parse_ncu_csv(text) == {"dram__bytes_read.sum": 1234567.0, "lts__t_sector_hit_rate.pct": 78.5}
     assert parse_ncu_csv("==ERROR== no kernels were profiled\n") == {}
+
+
+def test_warm_plans_what_the_gpu_tests_load():
+    """bench.warm's groups name the plans the GPU tests jit: the DSA group's specs are the ones the
+    backend derives (their names), the fp8 wgmma group runs the wgmma loop over fp8 rows."""
+    from bench import warm
+    from kgen.plan import plan
+
+    dsa = warm.jobs("dsa")
+    assert [s.name for s, _, _ in dsa] == ["sglang_dsa_h8_k2048_bf16_n4", "sglang_dsa_h8_k2048_bf16_n16",
+                                           "sglang_dsa_h8_k2048_fp8_n16"]
+    assert dsa[2][0].cache.per_block and dsa[2][0].model.index_topk == 2048
+    for spec, arch, tiles in warm.jobs("wgmma_fp8"):
+        p = plan(spec, arch, tiles)
+        assert p.tiles.design == "wgmma" and spec.cache.kv_dtype == "float8_e4m3fn"
+    assert {s.name for s, _, _ in warm.jobs("sparse")} >= {"glm5_dsa_sm120", "glm5_dsa_bf16_sm120"}

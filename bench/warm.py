@@ -1,0 +1,97 @@
+"""Build on this (CPU) machine the cubins a GPU run will load, and copy their cache entries into a
+folder to carry to the GPU machine (the device tool's `carry`), so the run compiles nothing it can
+load. NVRTC's output is the same on either machine: the cache key holds the NVRTC version.
+
+    python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|wgmma_fp8 ...]
+
+Groups: tests — every shipped and derived spec of tests/conftest.py, both plans; sparse — the
+sparse GPU tests' specs (tests/test_sparse_gpu.py), both plans; dsa — the specs kgen's SGLang DSA
+backend derives in tests/test_sglang_dsa_gpu.py; wgmma_fp8 — the wgmma loop's fp8 tilings of
+tests/test_attention_gpu.py. Default: sparse, dsa, wgmma_fp8 (the `tests` group is larger than
+a carry beside the SGLang wheels). Then run with KGEN_CACHE_DIR=$PWD/OUT on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from kgen import designs, nvrtc
+from kgen.build import build_variant, included_headers, nvrtc_arch
+from kgen.cache import KernelCache, cache_key
+from kgen.plan import plan
+from kgen.render import render
+from kgen.spec import Spec, parse_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+GROUPS = ("tests", "sparse", "dsa", "wgmma_fp8")
+
+
+def dsa_backend_spec(kind: str, nodes: int) -> Spec:
+    """The spec KgenDSABackend derives for tests/sglang_dsa_harness.py's runners (8 heads, page 64)."""
+    cache = dict(kv_dtype="bfloat16") if kind == "bf16" else dict(kv_dtype="float8_e4m3fn", scales="per_block")
+    return parse_spec(dict(name=f"sglang_dsa_h8_k2048_{kind}_n{nodes}",
+                           model=dict(num_q_heads=8, kv_lora_rank=512, qk_rope_head_dim=64, softmax_scale=0.0625,
+                                      index_topk=2048),
+                           cache=dict(page_size=64, **cache), tree=dict(max_nodes=nodes),
+                           target=dict(arch="sm_90")), "the SGLang DSA harness")
+
+
+def jobs(group: str) -> list[tuple[Spec, str, object]]:
+    """(spec, plan arch, tiles or None) of a group."""
+    from conftest import DERIVED_SPECS, SPEC_DIR, spec_named
+
+    if group == "tests":
+        names = [p.stem for p in sorted(SPEC_DIR.glob("*.yaml"))] + list(DERIVED_SPECS)
+        return [(spec_named(n), a, None) for n in names for a in ("sm_90", "sm_120")]
+    if group == "sparse":
+        from test_sparse_gpu import SPARSE_SPECS, sparse_spec
+
+        return [(sparse_spec(n), a, None) for n in SPARSE_SPECS for a in ("sm_90", "sm_120")]
+    if group == "dsa":
+        return [(dsa_backend_spec(k, n), "sm_90", None) for k, n in (("bf16", 4), ("bf16", 16), ("fp8", 16))]
+    from test_attention_gpu import SM90_FP8_TILINGS
+
+    return [(spec_named(n), "sm_90", designs.parse(t)) for n in ("glm5_fp8_sm120", "glm5_fp8_p64_sm120",
+                                                                  "glm5_dsa_fp8_sm120") for t in SM90_FP8_TILINGS]
+
+
+def warm(job: tuple[Spec, str, object, str, Path]) -> str:
+    """Build every variant of one plan for `arch` (through the cache) and copy the entries to `out`."""
+    spec, plan_arch, tiles, arch, out = job
+    cache = KernelCache()
+    statuses = []
+    for v in plan(spec, plan_arch, tiles).variants:
+        statuses.append(build_variant(v, arch, cache).status)
+        source = render(v)
+        target = nvrtc_arch(arch, v.requires)
+        key = cache_key(source=source, headers=included_headers(source), nvrtc_version=nvrtc.nvrtc_version(),
+                        options=nvrtc.options(target), arch=target)
+        entry = cache.entry_dir(key)
+        if not (out / entry.relative_to(cache.root)).exists():
+            shutil.copytree(entry, out / entry.relative_to(cache.root))
+    return f"{spec.name} ({plan_arch} plan{', ' + designs.text(tiles) if tiles else ''}): " + \
+        ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.warm", description=__doc__.split("\n\n")[0])
+    p.add_argument("out", type=Path)
+    p.add_argument("--arch", default="sm_90", help="the GPU machine's arch (default sm_90: the H200)")
+    p.add_argument("--group", action="append", choices=GROUPS, help="repeatable; default: sparse, dsa, wgmma_fp8")
+    args = p.parse_args(argv)
+    work = [(*j, args.arch, args.out) for g in (args.group or ["sparse", "dsa", "wgmma_fp8"]) for j in jobs(g)]
+    with ProcessPoolExecutor(2) as pool:
+        for line in pool.map(warm, work):
+            print(line, flush=True)
+    size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
+    print(f"{args.out}: {size / 2**20:.1f} MiB to carry")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
