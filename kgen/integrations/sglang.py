@@ -38,11 +38,11 @@ from ..errors import KgenError
 from ..kvrows import scaled_row_bytes
 from ..spec import SCALE_BLOCK
 from . import sglang_compat as compat
-from . import sglang_defrag
+from . import sglang_defrag, sglang_dsa
+from .sglang_batch import DECODE, VERIFY, BatchHooks, absorbed_mla_kind, kgen_mode
 from .sglang_mla import KgenMLA
 
 NAME = "kgen"
-VERIFY, DECODE = "verify", "decode"
 SCALED_ROWS_ON_TRITON = (
     "kgen backend: a {mode} call of layer {layer} on a DSATokenToKVPool of fp8 rows with per-block scales, which "
     "kgen does not serve and SGLang's Triton backend cannot read or write; serve GLM-5 with --kv-cache-dtype bf16, "
@@ -67,10 +67,7 @@ def plugin() -> None:
 def register() -> None:
     """Check the installed SGLang (sglang_compat.check), then add the "kgen" backend to its
     registry and CLI choices and its speculative-decoding resolution step (idempotent); with
-    KGEN_DEFRAG=1 also install the defrag hook, with KGEN_DSA=1 kgen's DSA backend (sglang_dsa.py,
-    imported here: it builds on this module)."""
-    from . import sglang_dsa
-
+    KGEN_DEFRAG=1 also install the defrag hook, with KGEN_DSA=1 kgen's DSA backend (sglang_dsa.py)."""
     compat.check()
     compat.register_backend(NAME, create_backend)
     compat.resolve_speculative_as_triton(NAME)
@@ -89,27 +86,6 @@ def create_backend(model_runner):
 def backend_class() -> type:
     """KgenAttnBackend: kgen's methods in front of SGLang's TritonAttnBackend."""
     return type("KgenAttnBackend", (_KgenMethods, compat.triton_backend_class()), {"__module__": __name__})
-
-
-def kgen_mode(forward_batch) -> str | None:
-    """The forward modes kgen serves (VERIFY, DECODE), or None: SGLang's Triton backend."""
-    mode = forward_batch.forward_mode
-    if mode.is_target_verify():
-        return VERIFY
-    if mode.is_decode() and forward_batch.spec_info is None:
-        return DECODE
-    return None
-
-
-def absorbed_mla_kind(cfg, layers) -> tuple[tuple[int, float] | None, str]:
-    """(heads per GPU, softmax scale) of the model's one kind of absorbed-MLA attention layer
-    (q·k over kv_lora_rank + qk_rope_head_dim dims, values kv_lora_rank wide), or None and why."""
-    dim = cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    kinds = {(m.tp_q_head_num, float(m.scaling)) for m in layers
-             if m.qk_head_dim == dim and m.v_head_dim == cfg.kv_lora_rank}
-    if len(kinds) != 1:
-        return None, f"found {len(kinds)} kinds of absorbed-MLA attention layer, kgen serves exactly one"
-    return next(iter(kinds)), ""
 
 
 def _kgen_for_model(backend, runner) -> tuple[KgenMLA | None, str]:
@@ -189,25 +165,6 @@ def _serves(rows: compat.KVRows, kv_dtype: str, page_size: int, dim: int) -> str
 
 
 # ---- the backend ---------------------------------------------------------------------------------
-
-
-class BatchHooks:
-    """The metadata hooks of kgen's backends, in front of SGLang's: SGLang's metadata for a forward
-    batch, then kgen's (`_kgen_prepare`), eagerly, before CUDA-graph capture and before each replay;
-    kgen's graph buffers (`_kgen_init_graph`) allocated once with SGLang's."""
-
-    def init_forward_metadata(self, forward_batch):
-        super().init_forward_metadata(forward_batch)
-        self._kgen_prepare(forward_batch, graph=False)
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-        if self.kgen is not None:
-            self._kgen_init_graph(max_bs)
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False, **kwargs):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture=in_capture, **kwargs)
-        self._kgen_prepare(forward_batch, graph=True, capture=in_capture)
 
 
 class _KgenMethods(BatchHooks):

@@ -42,7 +42,7 @@ from .. import env
 from ..errors import KgenError
 from . import sglang_compat as compat
 from . import sglang_dsa_compat as dsa_compat
-from .sglang import DECODE, VERIFY, BatchHooks, absorbed_mla_kind, kgen_mode
+from .sglang_batch import DECODE, VERIFY, BatchHooks, absorbed_mla_kind, kgen_mode
 from .sglang_sparse import KgenDSA, Tree, physical_lists
 
 NAME = "dsa"
