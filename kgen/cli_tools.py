@@ -103,16 +103,15 @@ def bench_cmd(
         if not head_counts or not all(head_counts):
             raise KgenError(f"--heads {heads!r}: give comma-separated head counts >= 1, e.g. 8,16")
         writable_dir(out)
-        if load_spec(spec_path).model.sparse:  # sparse specs have their own benchmark (bench/sparse.py)
-            from bench.sparse import main as sparse_main
-
-            raise typer.Exit(sparse_main(["--spec", str(spec_path), "--out", str(out),
-                                          *(["--time-limit", str(time_limit)] if time_limit else [])]))
         try:
             from bench.run import BenchError, run
+            from bench.sparse import main as sparse_main
         except ImportError as e:
             raise KgenError(f"kgen bench needs the bench/ folder of a kgen checkout (run it from the repository "
                             f"root): {e}") from None
+        if load_spec(spec_path).model.sparse:  # sparse specs have their own benchmark (bench/sparse.py)
+            raise typer.Exit(sparse_main(["--spec", str(spec_path), "--out", str(out),
+                                          *(["--time-limit", str(time_limit)] if time_limit else [])]))
         try:
             code = run(spec_path, quick=quick, page_size=page_size, heads=head_counts, triton=triton, graph=graph,
                        time_limit=time_limit, out_dir=out, peers=peers)
