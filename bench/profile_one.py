@@ -1,7 +1,10 @@
-"""One eager verify_attention (or decode) call at a given shape, for profilers.
+"""One eager verify_attention (or decode) call at a given shape, for profilers; with a sparse spec
+(model.index_topk) one sparse_verify_attention call over indexer-shaped lists (bench/sparse.py's).
 
     ncu --clock-control none -k regex:prefix_attn python -m bench.profile_one --shape 1,16,131072
     python -m bench.profile_one --shape 1,1,4096 --kernels    # per-kernel GPU times (torch.profiler)
+    ncu --clock-control none --set full --import-source yes -k regex:sparse_verify \\
+        python -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072
 """
 
 import argparse
@@ -10,18 +13,30 @@ import torch
 
 import kgen
 from kgen.inputs import make_verify_inputs
+from kgen.sparse_testing import make_sparse_inputs
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--spec", default="specs/glm5_sm120.yaml")
 ap.add_argument("--shape", default="1,16,131072", help="B,T,L")
+ap.add_argument("--shared", type=float, default=0.7, help="sparse specs: the share of K every token of a request lists")
+ap.add_argument("--gather", action="store_true", help="sparse specs: the per-token-gather kernel instead of the union")
 ap.add_argument("--kernels", action="store_true", help="print per-kernel GPU times of 10 calls")
 args = ap.parse_args()
 spec = kgen.load_spec(args.spec)
 b, t, l = (int(x) for x in args.shape.split(","))
 mod = kgen.jit(spec)
-ins = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
-op = ((lambda: mod.prefix_attention(*ins.prefix_args(), **ins.kv_kwargs)) if t == 1
-      else (lambda: mod.verify_attention(*ins.verify_args(), **ins.kv_kwargs)))
+if spec.model.sparse:
+    x = make_sparse_inputs(spec, [t] * b, [l] * b, spec.model.index_topk, shared=args.shared, window=256,
+                           device="cuda")
+    step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=not args.gather)
+    print(f"union rows per request: {x.union_sizes()}")
+
+    def op():
+        return step.verify(x.base.q, x.base.kv_cache, x.base.k_tree, **x.base.kv_kwargs)
+else:
+    ins = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
+    op = ((lambda: mod.prefix_attention(*ins.prefix_args(), **ins.kv_kwargs)) if t == 1
+          else (lambda: mod.verify_attention(*ins.verify_args(), **ins.kv_kwargs)))
 op()
 torch.cuda.synchronize()
 if args.kernels:
