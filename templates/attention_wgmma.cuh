@@ -117,7 +117,7 @@ __device__ __forceinline__ void convert_row(const char* raw_stage, char* stage, 
     const char* raw = raw_stage + row * C::KV_ROW;
     constexpr int E4M3_CHUNKS = (C::KV_SCALED ? C::DV : C::D) / 16;
     const char* scales = raw_stage + C::RAW_SCALES_OFF + threadIdx.x * 16;  // this thread's copy (DSA rows)
-#pragma unroll 1  // the producer has 24 registers
+#pragma unroll 1  // rolled: the producer has 24 registers
     for (int c = sub; c < E4M3_CHUNKS; c += C::ROW_THREADS) {
         const uint4 v = *reinterpret_cast<const uint4*>(raw + c * 16);
         const float scale = C::KV_SCALED ? lds_f32(scales + c * 16 / C::SCALE_BLOCK * 4) : 1.f;
