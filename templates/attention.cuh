@@ -81,10 +81,9 @@ struct AttnConfig : Layout {
     static constexpr int ROPE_STEPS = ROPE / ROPE_K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
-    static constexpr int SCALE_BLOCK = 128;                     // latent dims per block scale of a scaled row
-    static constexpr int SCALE_OFF = DV;                        // a scaled row: latent bytes, then the block scales,
-    static constexpr int ROPE_OFF = DV + DV / SCALE_BLOCK * 4;  // then the bf16 rope
-    static constexpr int KV_ROW = KV_SCALED ? ROPE_OFF + ROPE * 2 : D * KV_ELEM;  // bytes per KV row
+    using Scaled = ScaledRow<D, DV>;  // a scaled row's layout (rows.cuh)
+    static constexpr int SCALE_BLOCK = Scaled::SCALE_BLOCK, SCALE_OFF = Scaled::SCALE_OFF, ROPE_OFF = Scaled::ROPE_OFF;
+    static constexpr int KV_ROW = KV_SCALED ? Scaled::BYTES : D * KV_ELEM;  // bytes per KV row
     static constexpr int Q_ROW = D * 2;                         // bytes per (bf16) query row
     // Scaled rows: each warp group has its own P (and rescale factors, and 1/l) carrying its block's scales.
     static constexpr int P_COPIES = KV_SCALED ? DIM_GROUPS : 1;

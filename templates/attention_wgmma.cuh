@@ -44,10 +44,11 @@ struct WgmmaAttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
     static constexpr bool KV_FP8 = KV_FP8_;        // e4m3 rows, converted into the bf16 ring by the producer
     static constexpr bool KV_SCALED = KV_SCALED_;  // the DSA pool's rows: e4m3 latent | fp32 block scales | bf16 rope
-    static constexpr int SCALE_BLOCK = 128;        // latent dims per block scale
-    static constexpr int ROPE_OFF = DV + DV / SCALE_BLOCK * 4;  // a DSA row's rope, after its scales
+    static constexpr bool PER_TENSOR = KV_FP8 && !KV_SCALED;  // one kv_scale: folded into the scores and O
+    using Scaled = ScaledRow<D, DV>;  // a DSA row's layout (rows.cuh)
+    static constexpr int SCALE_BLOCK = Scaled::SCALE_BLOCK, SCALE_OFF = Scaled::SCALE_OFF, ROPE_OFF = Scaled::ROPE_OFF;
     // bytes per KV row in the cache (and in a raw stage): bf16, e4m3, or e4m3 | scales | bf16 rope
-    static constexpr int KV_ROW = !KV_FP8 ? D * 2 : KV_SCALED ? ROPE_OFF + (D - DV) * 2 : D;
+    static constexpr int KV_ROW = !KV_FP8 ? D * 2 : KV_SCALED ? Scaled::BYTES : D;
     static constexpr int THREADS = 3 * 128;   // producer warpgroup, two consumer warpgroups
     static constexpr int CONSUMER_WARPS = 8;
     using Layout::Q_REG_STEPS, Layout::Q_SMEM_DIM0, Layout::SLAB, Layout::STAGE_BYTES;
@@ -100,7 +101,7 @@ __device__ __forceinline__ void copy_raw_row(char* raw_stage, const char* src, i
     if constexpr (C::KV_SCALED) {
 #pragma unroll 1  // rolled: the producer has 24 registers
         for (int c = sub; c < C::DV / 16; c += C::ROW_THREADS) cp_async16(raw + c * 16, src + c * 16);
-        cp_async16(raw_stage + C::RAW_SCALES_OFF + threadIdx.x * 16, src + C::DV);
+        cp_async16(raw_stage + C::RAW_SCALES_OFF + threadIdx.x * 16, src + C::SCALE_OFF);
 #pragma unroll
         for (int c = sub; c < (C::D - C::DV) * 2 / 16; c += C::ROW_THREADS)
             cp_async16(raw + C::ROPE_OFF + c * 16, src + C::ROPE_OFF + c * 16);
@@ -444,7 +445,7 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
         cp_async_wait_all();  // nothing of this thread is in flight when it exits
     } else {
         setmaxnreg_inc<C::CONSUMER_REGS>();
-        if constexpr (C::KV_FP8 && !C::KV_SCALED) scale_log2 *= kv_scale;
+        if constexpr (C::PER_TENSOR) scale_log2 *= kv_scale;
         WgConsumer<C> st;
         wg_begin<C>(smem, st, q_rows, num_rows);
         wg_consume<C>(smem, st, ring_pos, first.num_keys, first.visible, first.tile_begin, first.tile_end, scale_log2);
@@ -452,7 +453,7 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
         if constexpr (is_key_range<decltype(second_fn())>)
             wg_consume<C>(smem, st, ring_pos, second.num_keys, second.visible, second.tile_begin, second.tile_end,
                           scale_log2);
-        wg_end<C>(st, part_o, part_lse, C::KV_FP8 && !C::KV_SCALED ? kv_scale : 1.f);
+        wg_end<C>(st, part_o, part_lse, C::PER_TENSOR ? kv_scale : 1.f);
     }
 }
 

@@ -6,6 +6,16 @@
 
 namespace kgen {
 
+// A row of SGLang's DSA pool (DESIGN §11) of D key dims, the first DV its latent: DV e4m3 bytes,
+// one fp32 scale per SCALE_BLOCK latent dims (at DV), then the D - DV rope dims in bf16.
+template <int D, int DV>
+struct ScaledRow {
+    static constexpr int SCALE_BLOCK = 128;                     // latent dims per block scale
+    static constexpr int SCALE_OFF = DV;                        // the block scales, after the latent bytes
+    static constexpr int ROPE_OFF = DV + DV / SCALE_BLOCK * 4;  // then the bf16 rope
+    static constexpr int BYTES = ROPE_OFF + (D - DV) * 2;
+};
+
 // A row source (Rows) has fetch(j) -> int, which may read global memory (a page id), and
 // row(j, fetched) -> byte pointer, which must not. Producers fetch a tile ahead so that the
 // global load is in flight while they wait for a free stage.
