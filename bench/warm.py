@@ -19,11 +19,11 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from kgen import designs, nvrtc
-from kgen.build import build_variant, included_headers, nvrtc_arch
-from kgen.cache import KernelCache, cache_key
+from kgen import designs
+from kgen.build import build_variant
+from kgen.cache import KernelCache
+from kgen.integrations.sglang_dsa import sparse_spec_data
 from kgen.plan import plan
-from kgen.render import render
 from kgen.spec import Spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,13 +32,10 @@ GROUPS = ("tests", "sparse", "dsa", "wgmma_fp8")
 
 
 def dsa_backend_spec(kind: str, nodes: int) -> Spec:
-    """The spec KgenDSABackend derives for tests/sglang_dsa_harness.py's runners (8 heads, page 64)."""
+    """The spec KgenDSABackend derives for tests/sglang_dsa_harness.py's runners (GLM-5's MLA, 8
+    heads, softmax scale 1/16, page 64), on the H200."""
     cache = dict(kv_dtype="bfloat16") if kind == "bf16" else dict(kv_dtype="float8_e4m3fn", scales="per_block")
-    return parse_spec(dict(name=f"sglang_dsa_h8_k2048_{kind}_n{nodes}",
-                           model=dict(num_q_heads=8, kv_lora_rank=512, qk_rope_head_dim=64, softmax_scale=0.0625,
-                                      index_topk=2048),
-                           cache=dict(page_size=64, **cache), tree=dict(max_nodes=nodes),
-                           target=dict(arch="sm_90")), "the SGLang DSA harness")
+    return parse_spec(sparse_spec_data(8, 0.0625, 512, 64, 2048, 64, cache, nodes, "sm_90"), "the SGLang DSA harness")
 
 
 def jobs(group: str) -> list[tuple[Spec, str, object]]:
@@ -66,12 +63,9 @@ def warm(job: tuple[Spec, str, object, str, Path]) -> str:
     cache = KernelCache()
     statuses = []
     for v in plan(spec, plan_arch, tiles).variants:
-        statuses.append(build_variant(v, arch, cache).status)
-        source = render(v)
-        target = nvrtc_arch(arch, v.requires)
-        key = cache_key(source=source, headers=included_headers(source), nvrtc_version=nvrtc.nvrtc_version(),
-                        options=nvrtc.options(target), arch=target)
-        entry = cache.entry_dir(key)
+        built = build_variant(v, arch, cache)
+        statuses.append(built.status)
+        entry = cache.entry_dir(built.key)
         if not (out / entry.relative_to(cache.root)).exists():
             shutil.copytree(entry, out / entry.relative_to(cache.root))
     return f"{spec.name} ({plan_arch} plan{', ' + designs.text(tiles) if tiles else ''}): " + \

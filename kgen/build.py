@@ -25,6 +25,7 @@ class BuiltKernel:
     status: str  # "compiled" or "cached"
     seconds: float
     sass: dict[str, int] | None = None  # instruction-class counts (sass.counts), when inspected
+    key: str = ""  # its cache entry's key (KernelCache.entry_dir); empty for a cubin built outside the cache
 
     @property
     def smem_bytes(self) -> int:
@@ -115,7 +116,7 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool
                                   spill_loads=m["spill_loads"], stack_bytes=m["stack_bytes"],
                                   static_smem=m["static_smem"])
     counts = sass_counts(cache, entry) if inspect else None
-    return BuiltKernel(variant, arch, entry.cubin, report, status, time.perf_counter() - start, counts)
+    return BuiltKernel(variant, arch, entry.cubin, report, status, time.perf_counter() - start, counts, key)
 
 
 def build(plan: Plan, archs: list[str], cache: KernelCache | None = None,

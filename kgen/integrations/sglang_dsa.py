@@ -145,18 +145,25 @@ def _kgen_for_model(backend, runner) -> tuple[KgenDSA | None, str]:
         return None, why
     heads, scale = kind
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    nodes = max(1, backend.speculative_num_draft_tokens or 1)
-    module = sparse_module(dict(
-        # one name per spec: kgen's torch ops know a spec by its name, process-wide
-        name=f"sglang_dsa_h{heads}_k{backend.dsa_index_topk}_{'fp8' if 'scales' in cache else 'bf16'}_n{nodes}",
-        model=dict(num_q_heads=heads, kv_lora_rank=cfg.kv_lora_rank, qk_rope_head_dim=cfg.qk_rope_head_dim,
-                   softmax_scale=scale, index_topk=backend.dsa_index_topk),
-        cache=dict(page_size=runner.page_size, **cache),
-        tree=dict(max_nodes=nodes),
-        target=dict(arch=arch_for_capability(props.major, props.minor).name)))
+    module = sparse_module(sparse_spec_data(
+        heads, scale, cfg.kv_lora_rank, cfg.qk_rope_head_dim, backend.dsa_index_topk, runner.page_size, cache,
+        max(1, backend.speculative_num_draft_tokens or 1), arch_for_capability(props.major, props.minor).name))
     if not hasattr(module, "sparse_verify_attention"):
         return None, f"kgen spec {module.spec.name} has no sparse verify (model.index_topk, DESIGN §12)"
     return KgenDSA(module, compat.key_buffer(backend, layers[0]).shape[0]), ""
+
+
+def sparse_spec_data(heads: int, scale: float, latent: int, rope: int, index_topk: int, page_size: int,
+                     cache: dict, nodes: int, arch: str) -> dict:
+    """The sparse spec (as parse_spec takes it) of a DSA model: its heads per GPU, softmax scale,
+    MLA dims and index_topk, the pool's page size and rows (`cache`: kv_dtype, and scales for the
+    656-byte rows), the draft-token count and the GPU's arch."""
+    return dict(
+        # one name per spec: kgen's torch ops know a spec by its name, process-wide
+        name=f"sglang_dsa_h{heads}_k{index_topk}_{'fp8' if 'scales' in cache else 'bf16'}_n{nodes}",
+        model=dict(num_q_heads=heads, kv_lora_rank=latent, qk_rope_head_dim=rope, softmax_scale=scale,
+                   index_topk=index_topk),
+        cache=dict(page_size=page_size, **cache), tree=dict(max_nodes=nodes), target=dict(arch=arch))
 
 
 def sparse_module(spec_data: dict):
