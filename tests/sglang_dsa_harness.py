@@ -14,6 +14,8 @@ contract) and the references the tests compare with.
 
 from __future__ import annotations
 
+import os
+import sys
 import types
 
 import torch
@@ -30,6 +32,13 @@ def stand_in_deep_gemm() -> list[str]:
         return []
     except Exception:
         pass
+    # the stand-in is no DeepGEMM: SGLang must not take its JIT GEMM paths, which import
+    # deep_gemm.utils; it decides when deep_gemm_wrapper is first imported (before this, it found none)
+    configurer = sys.modules.get("sglang.srt.layers.deep_gemm_wrapper.configurer")
+    if configurer is None:
+        os.environ["SGLANG_ENABLE_JIT_DEEPGEMM"] = "0"
+    else:
+        assert not configurer.ENABLE_JIT_DEEPGEMM, "SGLang enabled DeepGEMM where none is installed"
     dg = _package("deep_gemm", _Absent)
     dg.get_num_sms = lambda: torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     dg.get_paged_mqa_logits_metadata = lambda lens, block_kv, num_sms: torch.zeros(
