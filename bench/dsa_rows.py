@@ -50,7 +50,9 @@ def time_shape(mod, b: int, length: int, t: int, device) -> float:
     if t == 1:  # decode: the prefix op (a request's one new token against its prefix)
         calls = [lambda x=x, o=o: mod.prefix_attention(*x.prefix_args(), out=o[0], lse=o[1]) for x, o in zip(sets, outs)]
     else:
-        calls = [lambda x=x, o=o: mod.verify_attention(*x.verify_args(), out=o[0], lse=o[1]) for x, o in zip(sets, outs)]
+        # the tree keys as the pool stores them, as a server passes them (VerifyInputs.stored_k_tree)
+        calls = [lambda a=x.verify_args(stored_tree=True), o=o: mod.verify_attention(*a, out=o[0], lse=o[1])
+                 for x, o in zip(sets, outs)]
     us = time_rotation(calls)
     del sets, outs
     torch.cuda.empty_cache()
@@ -61,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dsa_rows", description=__doc__.split("\n\n")[0])
     p.add_argument("--plan-arch", default=None, help="run this arch's plan (e.g. sm_120 on an H200)")
     p.add_argument("--fp8-tiles", default=None,
-                   help="the fp8 formats' tiling (e.g. wgmma:32,3,1: the wgmma loop over fp8 rows, a candidate)")
+                   help="the per-tensor fp8 format's tiling (e.g. wgmma:32,3,1: the wgmma loop over fp8 rows, "
+                        "a candidate)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     fp8_tiles = designs.parse(args.fp8_tiles) if args.fp8_tiles else None
@@ -72,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for label, spec_name, cache in FORMATS:
         spec = spec_of(spec_name, cache)
-        mod = kgen.jit(spec, arch=args.plan_arch, tiles=fp8_tiles if spec.cache.kv_dtype != "bfloat16" else None)
+        per_tensor_fp8 = spec.cache.kv_dtype != "bfloat16" and not spec.cache.per_block
+        mod = kgen.jit(spec, arch=args.plan_arch, tiles=fp8_tiles if per_tensor_fp8 else None)
         for b, length, t in SHAPES:
             us = time_shape(mod, b, length, t, device)
             rows.append({"format": label, "spec": mod.spec.name, "plan": mod.plan.tiles.design,

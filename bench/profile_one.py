@@ -2,6 +2,8 @@
 (model.index_topk) one sparse_verify_attention call over indexer-shaped lists (bench/sparse.py's).
 
     ncu --clock-control none -k regex:prefix_attn python -m bench.profile_one --shape 1,16,131072
+    ncu --clock-control none -k regex:prefix_attn python -m bench.profile_one \\
+        --spec specs/glm5_dsa_fp8_sm120.yaml --tiles wgmma:32,3,1    # a tuning candidate's kernel
     python -m bench.profile_one --shape 1,1,4096 --kernels    # per-kernel GPU times (torch.profiler)
     ncu --clock-control none --set full --import-source yes -k regex:sparse_verify \\
         python -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072
@@ -12,6 +14,7 @@ import argparse
 import torch
 
 import kgen
+from kgen import designs
 from kgen.inputs import make_verify_inputs
 from kgen.sparse_testing import make_sparse_inputs
 
@@ -21,22 +24,27 @@ ap.add_argument("--shape", default="1,16,131072", help="B,T,L")
 ap.add_argument("--shared", type=float, default=0.7, help="sparse specs: the share of K every token of a request lists")
 ap.add_argument("--gather", action="store_true", help="sparse specs: the per-token-gather kernel instead of the union")
 ap.add_argument("--kernels", action="store_true", help="print per-kernel GPU times of 10 calls")
+ap.add_argument("--tiles", default=None, help="a tiling instead of the plan's (e.g. wgmma:32,3,1)")
 args = ap.parse_args()
 spec = kgen.load_spec(args.spec)
 b, t, l = (int(x) for x in args.shape.split(","))
-mod = kgen.jit(spec)
+tiles = designs.parse(args.tiles) if args.tiles else None
+if args.tiles and tiles is None:
+    ap.error(f"--tiles {args.tiles!r} is not a tiling ({designs.text_forms()})")
+mod = kgen.jit(spec, tiles=tiles)
 if spec.model.sparse:
     x = make_sparse_inputs(spec, [t] * b, [l] * b, spec.model.index_topk, shared=args.shared, window=256,
                            device="cuda")
     step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=not args.gather)
     print(f"union rows per request: {x.union_sizes()}")
+    k_tree = x.base.stored_k_tree  # as a server passes them
 
     def op():
-        return step.verify(x.base.q, x.base.kv_cache, x.base.k_tree, **x.base.kv_kwargs)
+        return step.verify(x.base.q, x.base.kv_cache, k_tree, **x.base.kv_kwargs)
 else:
     ins = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
     op = ((lambda: mod.prefix_attention(*ins.prefix_args(), **ins.kv_kwargs)) if t == 1
-          else (lambda: mod.verify_attention(*ins.verify_args(), **ins.kv_kwargs)))
+          else (lambda a=ins.verify_args(stored_tree=True): mod.verify_attention(*a, **ins.kv_kwargs)))
 op()
 torch.cuda.synchronize()
 if args.kernels:

@@ -283,12 +283,15 @@ def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: 
 
     def calls(op):
         if op == "verify":
-            return [lambda x=x, o=o: mod.verify_attention(*x.verify_args(), **x.kv_kwargs, out=o[0], lse=o[1])
+            # tree keys as the cache stores them, as a server passes an fp8 op (VerifyInputs.stored_k_tree)
+            return [lambda a=x.verify_args(stored_tree=True), x=x, o=o: mod.verify_attention(*a, **x.kv_kwargs,
+                                                                                             out=o[0], lse=o[1])
                     for x, o in zip(inputs, outs)]
         if op == "prefix":
             return [lambda x=x, o=o: mod.prefix_attention(*x.prefix_args(), **x.kv_kwargs, out=o[0], lse=o[1])
                     for x, o in zip(inputs, outs)]
-        return [lambda x=x, o=o: mod.tree_attention(*x.tree_args(), **x.kv_kwargs, out=o[0], lse=o[1])
+        return [lambda a=x.tree_args(stored_tree=True), x=x, o=o: mod.tree_attention(*a, **x.kv_kwargs, out=o[0],
+                                                                                     lse=o[1])
                 for x, o in zip(inputs, outs)]
 
     def timed(fns, what: str) -> float:

@@ -6,7 +6,8 @@ with heads padded to 64 (what SGLang runs on Hopper), on the same indexer-shaped
 
 Lists per request (kgen/sparse_testing.py): attention sinks, a recent window and common picks that
 every tree token lists (`shared` of K), plus each token's own picks; the union size is reported.
-Timing is CUDA-graph replay over rotated input sets (kgen/timing.py). floor = max(union rows x row
+Timing is CUDA-graph replay over rotated input sets (kgen/timing.py); tree keys are passed as the
+cache stores them, as a server does (VerifyInputs.stored_k_tree). floor = max(union rows x row
 bytes / copy bandwidth, FLOPs of the listed keys / mma rate), FLOPs = 2 * sum_i H * (K'_i + T) * (D + Dv).
 --check first compares both kernels with the float64 reference on every shape's first set.
 Writes <out>/sparse-<spec>-<time>.json after every shape.
@@ -23,6 +24,8 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
+
+from kgen import kvrows
 
 # (B, L, T, shared fraction): the issue's shapes, then overlap and batch sweeps
 SHAPES = ((1, 131072, 16, 0.7), (8, 131072, 16, 0.7), (32, 32768, 16, 0.7), (1, 131072, 1, 0.7),
@@ -67,7 +70,7 @@ def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
     b, length, t, shared = shape
     spec = mod.spec
     width, h = spec.model.index_topk, spec.model.num_q_heads
-    row_bytes = spec.model.head_dim * (1 if spec.cache.kv_dtype == "float8_e4m3fn" else 2)
+    row_bytes = kvrows.row_bytes(spec)
     row = dict(B=b, L=length, T=t, H=h, K=width, shared=shared, notes=[])
     first = make_sparse_inputs(spec, [t] * b, [length] * b, width, shared=shared, window=256, device=device)
     unions = first.union_sizes()
@@ -95,8 +98,8 @@ def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
                 row[f"{name}_check"] = "ok"
             except AssertionError as e:
                 row[f"{name}_check"] = str(e).splitlines()[0]
-        calls = [lambda s=s, x=x, o=o: s.verify(x.base.q, x.base.kv_cache, x.base.k_tree, **x.base.kv_kwargs,
-                                                 out=o[0], lse=o[1])
+        calls = [lambda s=s, x=x, o=o, k=x.base.stored_k_tree: s.verify(x.base.q, x.base.kv_cache, k, **x.base.kv_kwargs,
+                                                                      out=o[0], lse=o[1])
                  for s, x, o in zip(steps, inputs, outs)]
         row[f"us_{name}"] = time_rotation(calls)
         del steps, outs, calls
@@ -138,7 +141,8 @@ def anatomy(mod, shape, *, device) -> dict:
             steps = [mod.prepare_sparse(x.base.qo_indptr, k, x.base.op_mask, union=union) for x, k in inputs]
             outs = [x.base.outputs() for x, _ in inputs]
             row[f"{name} {what}"] = round(time_rotation(
-                [lambda s=s, x=x, o=o: s.verify(x.base.q, x.base.kv_cache, x.base.k_tree, out=o[0], lse=o[1])
+                [lambda s=s, x=x, o=o, k=x.base.stored_k_tree: s.verify(x.base.q, x.base.kv_cache, k,
+                                                                         **x.base.kv_kwargs, out=o[0], lse=o[1])
                  for s, (x, _), o in zip(steps, inputs, outs)]), 1)
     return row
 
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ceilings = measure_ceilings(device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"sparse-{mod.spec.name}-{a.plan_arch or mod.arch.name}-{datetime.now():%Y%m%d-%H%M%S}.json"
+    path = out / f"sparse-{mod.spec.name}-{mod.plan.arch.name}-{datetime.now():%Y%m%d-%H%M%S}.json"
     result = {"spec": mod.spec.name, "plan_arch": mod.plan.arch.name, "device": torch.cuda.get_device_name(device),
               "ceilings": ceilings.as_dict(), "rows": []}
     print(f"{mod.spec.name} on {result['device']} (plan {mod.plan.arch.name}): copy {ceilings.copy_tbps:.2f} TB/s, "

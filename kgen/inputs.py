@@ -88,6 +88,15 @@ class VerifyInputs:
             return fp8.quantize_rows(self.k_tree, self.value_dim)
         return fp8.dequantize(fp8.quantize(self.k_tree, self.kv_scale), self.kv_scale) if self.kv_fp8 else self.k_tree
 
+    @property
+    def stored_k_tree(self) -> torch.Tensor:
+        """The tree keys as the cache stores them, which is what a server passes an fp8 op: SGLang's
+        pool writer stores the tree tokens' rows before attention runs and kgen's backends gather
+        them (a bf16 k_tree costs the op a quantize, ~10 torch launches for DSA rows)."""
+        if self.kv_scaled:
+            return fp8.quantize_rows(self.k_tree, self.value_dim)
+        return fp8.quantize(self.k_tree, self.kv_scale) if self.kv_fp8 else self.k_tree
+
     def to_fp8(self, kv_scale: float) -> VerifyInputs:
         """The same batch with the cache stored as e4m3 bytes of value / kv_scale (unused slots stay NaN)."""
         return replace(self, kv_cache=fp8.quantize(self.kv_cache, kv_scale), kv_scale=kv_scale)
@@ -112,15 +121,16 @@ class VerifyInputs:
         """Keyword arguments every attention op call on these inputs needs."""
         return {"kv_scale": self.kv_scale}
 
-    def verify_args(self) -> tuple:
-        return (self.q, self.kv_cache, self.k_tree, self.qo_indptr, self.kv_indptr, self.kv_indices,
-                self.kv_lens, self.op_mask)
+    def verify_args(self, *, stored_tree: bool = False) -> tuple:
+        """verify_attention's tensors; `stored_tree`: the tree keys as the cache stores them."""
+        return (self.q, self.kv_cache, self.stored_k_tree if stored_tree else self.k_tree, self.qo_indptr,
+                self.kv_indptr, self.kv_indices, self.kv_lens, self.op_mask)
 
     def prefix_args(self) -> tuple:
         return self.q, self.kv_cache, self.qo_indptr, self.kv_indptr, self.kv_indices, self.kv_lens
 
-    def tree_args(self) -> tuple:
-        return self.q, self.k_tree, self.qo_indptr, self.op_mask
+    def tree_args(self, *, stored_tree: bool = False) -> tuple:
+        return self.q, self.stored_k_tree if stored_tree else self.k_tree, self.qo_indptr, self.op_mask
 
     def verify_ref(self):
         return reference.verify_attention_ref(self.q, self.kv_cache, self.ref_k_tree, self.qo_indptr, self.kv_indptr,

@@ -410,7 +410,10 @@ class RefModule:
         return dequantized(rows, scaled=True) if self.scaled else rows
 
     def tree_keys(self, k_tree: torch.Tensor) -> torch.Tensor:
-        return self.rows(sglang_scaled_rows(k_tree.view(-1, 1, R + P))) if self.scaled else k_tree
+        """bf16 keys, or the pool's stored rows of the tree's slots (what kgen's backend passes for fp8 pools)."""
+        if not self.scaled:
+            return k_tree
+        return self.rows(k_tree if k_tree.dtype == torch.uint8 else sglang_scaled_rows(k_tree.view(-1, 1, R + P)))
 
     def workspace_bytes(self, num_tokens, batch):
         return 1

@@ -247,7 +247,7 @@ class _KgenMethods(BatchHooks):
         kv_cache = compat.key_buffer(self, layer)
         rows, out_rows = q.view(-1, g.heads, g.dim), out.view(-1, g.heads, g.vdim)
         if mode == VERIFY:
-            self._kgen_step.verify(rows, kv_cache, k.view(-1, g.dim), kv_scale=kv_scale, out=out_rows)
+            self._kgen_step.verify(rows, kv_cache, _tree_keys(kv_cache, k, fb, g.dim), kv_scale=kv_scale, out=out_rows)
         else:
             self._kgen_step.prefix(rows, kv_cache, kv_scale=kv_scale, out=out_rows)
         return out
@@ -260,3 +260,12 @@ class _KgenMethods(BatchHooks):
                 or any(a is not None for a in kwargs.values()) or not self.kgen.serves(layer)):
             return None
         return self.kgen.kv_scale(layer)
+
+
+def _tree_keys(kv_cache: torch.Tensor, k: torch.Tensor, fb, dim: int) -> torch.Tensor:
+    """The tree tokens' keys for kgen: bf16 k for a bf16 pool; for an fp8 pool the rows its writer
+    has stored at the tokens' slots (one gather, where quantizing k again took ~10 launches, and
+    the bytes the prefix will read later)."""
+    if kv_cache.dtype == torch.bfloat16:
+        return k.view(-1, dim)
+    return kv_cache.reshape(kv_cache.shape[0], -1)[fb.out_cache_loc]
