@@ -280,29 +280,31 @@ def test_a_kernel_compiles_with_and_is_keyed_by_only_the_headers_it_includes(mon
     assert rendering.included_headers(src)["kgen/common.cuh"] == "// edited"
 
 
-# The wgmma loop over fp8 rows (its producer converts each raw tile into the bf16 ring): a tuning
-# candidate of the sm_90 plan, not its default, until a GPU has measured it (bench/NOTES.md v17).
+# The wgmma loop over per-tensor fp8 rows (its producer converts each raw tile into the bf16 ring,
+# exactly): a tuning candidate of the sm_90 plan, not its default (bench/NOTES.md v17).
 
 
-@pytest.mark.parametrize("name", ["glm5_fp8_sm120", "glm5_dsa_fp8_sm120"])
-def test_the_wgmma_loop_takes_fp8_rows_as_a_tuning_candidate(name, tmp_path):
-    spec = kgen.load_spec(ROOT / "specs" / f"{name}.yaml")
+def test_the_wgmma_loop_takes_per_tensor_fp8_rows_as_a_tuning_candidate(tmp_path):
+    spec = kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml")
     arch = get_arch("sm_90")
     assert plan(spec, "sm_90").tiles.design == "mma_sync"
     assert wgmma_design.DESIGN.candidates(spec, arch) == [WgmmaTiles(stages=2), WgmmaTiles(stages=3)]
-    row = 656 if spec.cache.per_block else 576
     p = plan(spec, "sm_90", WgmmaTiles(stages=3))
     layout = p.tiles.layout(spec)
-    raw_stage = -(-(32 * row + (128 * 16 if spec.cache.per_block else 0)) // 128) * 128
+    raw_stage = 32 * 576  # 32 rows of 576 e4m3 bytes, a multiple of 128
     assert layout["RAW_STAGE_BYTES"] == raw_stage and layout["RAW_OFF"] % 128 == 0
     assert layout["SMEM_BYTES"] == layout["RAW_OFF"] + 2 * raw_stage + 1024 <= arch.smem_per_block
     with pytest.raises(PlanError, match="shared memory"):
         plan(spec, "sm_90", WgmmaTiles(stages=4))  # 4 bf16 stages and 2 raw ones do not fit 227 KB
     prefix = p.variant("prefix_attn")
-    assert f"true, {'true' if spec.cache.per_block else 'false'}, Layout>" in render(prefix)
+    assert "32, 3, true, Layout>" in render(prefix)
     [b] = build(p.__class__(p.spec, p.arch, p.tiles, (prefix,), p.budget), ["sm_90"], KernelCache(tmp_path),
                 inspect=True)
     assert b.sass["HGMMA"] > 0 and b.sass["LDGSTS"] > 0 and b.smem_bytes <= arch.smem_per_block
     assert b.report.spill_bytes == 0, b.report  # the producer's conversion fits its 24 registers
+    dsa = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
+    assert wgmma_design.DESIGN.candidates(dsa, arch) == []  # a bf16 ring would round e4m3 x block scale
+    with pytest.raises(PlanError, match="per-tensor fp8"):
+        plan(dsa, "sm_90", WgmmaTiles(stages=3))
     e4m3 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_mma_e4m3_sm120.yaml")
     assert wgmma_design.DESIGN.candidates(e4m3, arch) == []  # e4m3 MMAs are the mma.sync loop's
