@@ -1,26 +1,56 @@
 #!/usr/bin/env bash
-# One H200 call for what the open issues built but no GPU has run yet (bench/NOTES.md, "Next
-# session's GPU work"), from the repository root, with .whl (bash bench/gpu_wheels.sh) and .kcache
-# (python -m bench.warm .kcache) carried; logs and JSON under $OUT. About 6-8 minutes:
-#   1. issue 22: kgen's DSA backend against SGLang's and the reference (tests/test_sglang_dsa_gpu.py);
-#   2. issue 21: the sparse suite on the shipped per-block spec, then its benchmark and a B=1 profile;
-#   3. issue 20: the wgmma loop over fp8 rows against the reference, then timed.
+# One H200 call for the open issues' GPU work (bench/NOTES.md, "Next session's GPU work"), from the
+# repository root: `bash bench/gpu_round.sh [STEP ...]` (default: every step), carrying what the
+# steps need: .whl (bench/gpu_wheels.sh: SGLang and pydantic) for sglang_dsa, .whl_peers
+# (bench/peer_wheels.sh, plus pydantic's wheels) for peers and FlashMLA's column in sparse_bench,
+# .kcache (python -m bench.warm .kcache) to compile nothing. $OUT gets round.log (a line per step,
+# the tail of each failing step's log), logs.tgz (every step's log) and the benches' JSON; the device
+# tool brings back 8 files at most. Steps (issue; about how long):
+#   sglang           20, 22: kgen's SGLang backends (dense and DSA) against SGLang's and the reference (~3 min)
+#   sglang_dsa       20, 22: the DSA backends' part of that (~90 s)
+#   sparse_tests     21: the sparse GPU suite, both plans (~60 s)
+#   wgmma_fp8_tests  20: the wgmma loop over fp8 rows against the reference (~40 s)
+#   dsa_rows         20: page-64 / DSA-row verify and decode timings, the plans', then per-tensor fp8 on the
+#                    wgmma candidate (~60 s)
+#   sparse_bench     21: union, gather and FlashMLA's sparse decode (~60 s)
+#   ncu              20: the verify kernel of B=1 L=131072 T=16 under ncu: fp8 wgmma beside bf16 (~60 s)
+#   peers            19: bench/gpu_peers.sh --short (~3 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp}"
-export KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-$PWD/.kcache}" PYTHONUNBUFFERED=1
+logs=/tmp/round_logs
+mkdir -p "$logs"
+export KGEN_CACHE_DIR="${KGEN_CACHE_DIR:-$PWD/.kcache}" PYTHONUNBUFFERED=1 PYTHONPATH="/tmp/site:$PWD"
 step() {  # name, seconds, command...: run it under a time limit, say how it ended
-    local name=$1 limit=$2 start=$SECONDS
+    local name=$1 limit=$2 start=$SECONDS rc
     shift 2
-    timeout "$limit" "$@" > "$out/$name.log" 2>&1
-    echo "$name: rc=$? in $((SECONDS - start)) s; $(tail -1 "$out/$name.log")" | tee -a "$out/round.log"
+    timeout "$limit" "$@" > "$logs/$name.log" 2>&1
+    rc=$?
+    echo "$name: rc=$rc in $((SECONDS - start)) s; $(tail -1 "$logs/$name.log")" | tee -a "$out/round.log"
+    [ "$rc" = 0 ] || { tail -40 "$logs/$name.log" | sed 's/^/    /' | cut -c1-400 >> "$out/round.log"; }
 }
-step sglang_dsa 150 bash bench/gpu_sglang.sh -k sglang_dsa_gpu -rs  # installs the wheels into /tmp/site
-export PYTHONPATH="/tmp/site:$PWD"
-step sparse_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_gpu.py
-step wgmma_fp8_tests 90 python3 -m pytest -q -p no:cacheprovider tests/test_attention_gpu.py -k wgmma_loop_over_fp8
-# the bf16 rows beside the fp8 ones on the wgmma loop (mma.sync's fp8 times: NOTES v15); compiles
-# its specs here (they are not in .kcache: the carry has no room beside the wheels)
-step dsa_rows_wgmma 100 python3 -m bench.dsa_rows --fp8-tiles wgmma:32,3,1 --out "$out"
-step sparse_bench 60 python3 -m bench.sparse --time-limit 40 --out "$out"
-step sparse_profile 30 python3 -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072 --kernels
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$logs/install.log" 2>&1
+[ -d .whl_peers ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl_peers/*.whl > "$logs/install_peers.log" 2>&1
+# the verify kernel of one B=1 L=131072 T=16 call: speed of light, warp states, issue slots, occupancy
+NCU=(ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats
+     --section Occupancy -k regex:verify_attn -c 1 python3 -m bench.profile_one --shape 1,16,131072)
+steps=("$@")
+[ $# = 0 ] && steps=(sglang sparse_tests wgmma_fp8_tests dsa_rows sparse_bench ncu peers)
+for s in "${steps[@]}"; do case $s in
+    sglang) step sglang 300 bash bench/gpu_sglang.sh ;;
+    sglang_dsa) step sglang_dsa 150 bash bench/gpu_sglang.sh -k sglang_dsa_gpu ;;
+    sparse_tests) step sparse_tests 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_sparse_gpu.py ;;
+    wgmma_fp8_tests) step wgmma_fp8_tests 90 python3 -m pytest -q -p no:cacheprovider --tb=line \
+        tests/test_attention_gpu.py -k wgmma_loop_over_fp8 ;;
+    dsa_rows) step dsa_rows 100 python3 -m bench.dsa_rows --out "$out"
+              step dsa_rows_wgmma 100 python3 -m bench.dsa_rows --fp8-tiles wgmma:32,3,1 --out "$out" ;;
+    sparse_bench) step sparse_bench 90 python3 -m bench.sparse --time-limit 60 --out "$out" ;;
+    ncu) step ncu_fp8_rows_wgmma 60 "${NCU[@]}" --spec specs/glm5_dsa_fp8_sm120.yaml --tiles wgmma:32,3,1
+         step ncu_fp8_tensor_wgmma 60 "${NCU[@]}" --spec specs/glm5_fp8_sm120.yaml --tiles wgmma:32,3,1
+         step ncu_bf16_wgmma 60 "${NCU[@]}" --spec specs/glm5_sm120.yaml ;;
+    peers) step peers 300 bash bench/gpu_peers.sh --short ;;  # gpu_peers.log, peers_results.tar.gz
+    *) echo "unknown step $s" | tee -a "$out/round.log" ;;
+esac; done
+tar -czf "$out/logs.tgz" -C "$logs" .
