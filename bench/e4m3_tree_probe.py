@@ -5,7 +5,7 @@ of tests/test_fp8_gpu.py), printing every (seed, |q| scale, op) whose lse error 
 rounding can explain; this is the reproduction.
 
     python -m bench.e4m3_tree_probe [--seeds 60] [--spec specs/glm5_fp8_mma_e4m3_sm120.yaml]
-        [--tree-kind random|chain|star|bits] [--q-scales 100,1000] [--quiet]
+        [--tree-kind random|chain|star|bits] [--q-scales 100,1000] [--quiet] [--single]
 """
 
 from __future__ import annotations
@@ -37,6 +37,21 @@ def worst_lse_error(mod, inp, ref_inp, op: str) -> tuple[float, int, float, floa
     return err[i].item(), i, lse[i].item(), ref[i].item(), diff.max().item()
 
 
+def single_key_logits(mod, q_scale: float, device, requests: int = 256) -> str:
+    """Prefix op at T=1, L=1 (lse is the one logit): kgen's against the reference with Q rounded
+    by e4m3_rows and with Q as given, as rms and max |difference| over the logits' rms."""
+    g = torch.Generator(device).manual_seed(0)
+    inp = make_verify_inputs(Dims.of(mod.spec), [1] * requests, [1] * requests, device=device, generator=g)
+    inp = replace(inp, q=(inp.q.float() * q_scale).bfloat16())
+    _, lse = mod.prefix_attention(*inp.prefix_args(), **inp.kv_kwargs)
+    out = []
+    for name, ref_inp in (("e4m3_rows Q", replace(inp, q=fp8.e4m3_rows(inp.q))), ("unrounded Q", inp)):
+        ref = ref_inp.prefix_ref()[1].to(device)
+        d, spread = lse.double() - ref, ref.pow(2).mean().sqrt()
+        out.append(f"{name}: rms {(d.pow(2).mean().sqrt() / spread).item():.2e}, max {(d.abs().max() / spread).item():.2e}")
+    return f"{mod.spec.name} single key |q| x{q_scale:g} (differences over the logits' rms): " + "; ".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=60)
@@ -44,12 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree-kind", default="random")
     p.add_argument("--q-scales", default="100,1000")
     p.add_argument("--quiet", action="store_true", help="the count per op only")
+    p.add_argument("--single", action="store_true", help="only the single-key logit comparison, per --q-scales")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: bench.e4m3_tree_probe needs a CUDA GPU", file=sys.stderr)
         return 1
     mod = kgen.jit(kgen.load_spec(args.spec))
     dev, heads, q_scales = torch.device("cuda"), mod.spec.model.num_q_heads, [float(x) for x in args.q_scales.split(",")]
+    if args.single:
+        for q_scale in q_scales:
+            print(single_key_logits(mod, q_scale, dev))
+        return 0
     bad, worst = dict.fromkeys(OPS, 0), dict.fromkeys(OPS, 0.0)
     for seed in range(args.seeds):
         for q_scale in q_scales:
