@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from kgen.timing import capture
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_dsa_harness import DSAHarness, DSAStep, rel_l2, stand_in_deep_gemm  # noqa: E402
 from sglang_harness import stand_in_missing  # noqa: E402
@@ -179,20 +181,15 @@ def test_tree_verify_replayed_from_a_cuda_graph_matches_the_reference(tree_setup
     logits = first.logits(width, runner.device)
     q_nope, k_nope, q_rope, k_rope = first.inputs(runner.device)
 
-    def layer():
-        lists = kb.get_indexer_metadata(0, fb).topk_transform(logits.clone(), kb.dsa_index_topk)
-        out = kb.forward_extend(q_nope, k_nope, k_nope, runner.layer, fb, True, q_rope=q_rope, k_rope=k_rope,
-                                topk_indices=lists)
-        return lists, out
+    captured = {}  # the captured call's lists and output: the tensors each replay rewrites
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        layer()  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        lists, out = layer()
+    def layer():
+        captured["lists"] = kb.get_indexer_metadata(0, fb).topk_transform(logits.clone(), kb.dsa_index_topk)
+        captured["out"] = kb.forward_extend(q_nope, k_nope, k_nope, runner.layer, fb, True, q_rope=q_rope,
+                                            k_rope=k_rope, topk_indices=captured["lists"])
+
+    graph = capture(layer)
+    lists, out = captured["lists"], captured["out"]
 
     for r, lens in enumerate(([100, 3000, 5000, 64], [2040, 2048, 6000, 9], [7900, 300, 1, 4000])):
         step = DSAStep(harness, lens, n, gen)
