@@ -84,9 +84,8 @@ class VerifyInputs:
     def ref_k_tree(self) -> torch.Tensor:
         """The tree keys the op attends to: an fp8 op sees them quantized like the cache (the
         reference reads uint8 rows as DSA pool rows)."""
-        if self.kv_scaled and self.k_tree.dtype == torch.bfloat16:
-            return fp8.quantize_rows(self.k_tree, self.value_dim)
-        return fp8.dequantize(fp8.quantize(self.k_tree, self.kv_scale), self.kv_scale) if self.kv_fp8 else self.k_tree
+        stored = self.stored_k_tree
+        return fp8.dequantize(stored, self.kv_scale) if self.kv_fp8 else stored
 
     @property
     def stored_k_tree(self) -> torch.Tensor:
@@ -94,7 +93,7 @@ class VerifyInputs:
         pool writer stores the tree tokens' rows before attention runs and kgen's backends gather
         them (a bf16 k_tree costs the op a quantize, ~10 torch launches for DSA rows)."""
         if self.kv_scaled:
-            return fp8.quantize_rows(self.k_tree, self.value_dim)
+            return fp8.quantize_rows(self.k_tree, self.value_dim) if self.k_tree.dtype == torch.bfloat16 else self.k_tree
         return fp8.quantize(self.k_tree, self.kv_scale) if self.kv_fp8 else self.k_tree
 
     def to_fp8(self, kv_scale: float) -> VerifyInputs:
