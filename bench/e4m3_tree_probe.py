@@ -5,7 +5,7 @@ of tests/test_fp8_gpu.py), printing every (seed, |q| scale, op) whose lse error 
 rounding can explain; this is the reproduction.
 
     python -m bench.e4m3_tree_probe [--seeds 60] [--spec specs/glm5_fp8_mma_e4m3_sm120.yaml]
-        [--tree-kind random|chain|star|bits] [--q-scales 100,1000] [--quiet] [--single]
+        [--tree-kind random|chain|star|bits] [--q-scales 100,1000] [--quiet] [--single] [--plan-arch sm_120]
 """
 
 from __future__ import annotations
@@ -39,17 +39,33 @@ def worst_lse_error(mod, inp, ref_inp, op: str) -> tuple[float, int, float, floa
 
 def single_key_logits(mod, q_scale: float, device, requests: int = 256) -> str:
     """Prefix op at T=1, L=1 (lse is the one logit): kgen's against the reference with Q rounded
-    by e4m3_rows and with Q as given, as rms and max |difference| over the logits' rms."""
+    by e4m3_rows and with Q as given, as rms and max |difference| over the logits' rms; then the
+    pattern of the rows off the e4m3_rows reference by more than 1% of that rms: their head (the
+    row's place in its BM tile: one request's H rows), the 64-dim block holding the row's max|q|,
+    and how far they are off against the rows the reference models exactly."""
     g = torch.Generator(device).manual_seed(0)
     inp = make_verify_inputs(Dims.of(mod.spec), [1] * requests, [1] * requests, device=device, generator=g)
     inp = replace(inp, q=(inp.q.float() * q_scale).bfloat16())
     _, lse = mod.prefix_attention(*inp.prefix_args(), **inp.kv_kwargs)
-    out = []
+    out, rows_off = [], None
     for name, ref_inp in (("e4m3_rows Q", replace(inp, q=fp8.e4m3_rows(inp.q))), ("unrounded Q", inp)):
         ref = ref_inp.prefix_ref()[1].to(device)
         d, spread = lse.double() - ref, ref.pow(2).mean().sqrt()
-        out.append(f"{name}: rms {(d.pow(2).mean().sqrt() / spread).item():.2e}, max {(d.abs().max() / spread).item():.2e}")
-    return f"{mod.spec.name} single key |q| x{q_scale:g} (differences over the logits' rms): " + "; ".join(out)
+        rel = (d.abs() / spread).flatten()
+        rows_off = rel if rows_off is None else rows_off
+        out.append(f"{name}: rms {(d.pow(2).mean().sqrt() / spread).item():.2e}, max {rel.max().item():.2e}")
+    heads = mod.spec.model.num_q_heads
+    bad = (rows_off > 1e-2).nonzero().flatten()
+    amax_block = inp.q.float().abs().argmax(-1).flatten() // 64
+    pattern = [f"rows off > 1e-2: {bad.numel()} of {rows_off.numel()}",
+               f"by head {torch.bincount(bad % heads, minlength=heads).tolist()}",
+               f"by max|q| block {torch.bincount(amax_block[bad], minlength=9).tolist()} "
+               f"(all rows {torch.bincount(amax_block, minlength=9).tolist()})"]
+    worst = rows_off.argsort(descending=True)[:6].tolist()
+    pattern.append("worst (request, head, block, off): " + ", ".join(
+        f"({i // heads}, {i % heads}, {int(amax_block[i])}, {rows_off[i].item():.1e})" for i in worst))
+    return (f"{mod.spec.name} single key |q| x{q_scale:g} (differences over the logits' rms): " + "; ".join(out)
+            + "\n  " + "\n  ".join(pattern))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--q-scales", default="100,1000")
     p.add_argument("--quiet", action="store_true", help="the count per op only")
     p.add_argument("--single", action="store_true", help="only the single-key logit comparison, per --q-scales")
+    p.add_argument("--plan-arch", default=None, help="another arch's plan (sm_120: the sm_120 plan on an H200)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: bench.e4m3_tree_probe needs a CUDA GPU", file=sys.stderr)
         return 1
-    mod = kgen.jit(kgen.load_spec(args.spec))
+    mod = kgen.jit(kgen.load_spec(args.spec), arch=args.plan_arch)
     dev, heads, q_scales = torch.device("cuda"), mod.spec.model.num_q_heads, [float(x) for x in args.q_scales.split(",")]
     if args.single:
         for q_scale in q_scales:

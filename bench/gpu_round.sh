@@ -15,6 +15,9 @@
 #   sparse_bench     21: union, gather and FlashMLA's sparse decode (~60 s)
 #   ncu              20: the verify kernel of B=1 L=131072 T=16 under ncu: fp8 wgmma beside bf16 (~60 s)
 #   peers            19: bench/gpu_peers.sh --short (~3 min)
+#   e4m3_probe       the e4m3 defect: single-key logits and their per-row pattern, both plans (~40 s)
+#   sparse_diag      21: B=1 L=131072 T=16 per-kernel times, anatomy, and ncu (full set, per-SASS stall
+#                    samples as CSV) of the union kernel on real, all-shared and empty lists, and gather
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp}"
@@ -51,6 +54,21 @@ for s in "${steps[@]}"; do case $s in
          step ncu_fp8_tensor_wgmma 60 "${NCU[@]}" --spec specs/glm5_fp8_sm120.yaml --tiles wgmma:32,3,1
          step ncu_bf16_wgmma 60 "${NCU[@]}" --spec specs/glm5_sm120.yaml ;;
     peers) step peers 300 bash bench/gpu_peers.sh --short ;;  # gpu_peers.log, peers_results.tar.gz
+    e4m3_probe) step e4m3_single 60 python3 -m bench.e4m3_tree_probe --single --q-scales 1,1000
+                step e4m3_single_sm120 60 python3 -m bench.e4m3_tree_probe --single --q-scales 1,1000 --plan-arch sm_120 ;;
+    sparse_diag) sp=(python3 -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072)
+        step sparse_kernels 60 "${sp[@]}" --kernels
+        step sparse_kernels_gather 60 "${sp[@]}" --kernels --gather
+        step sparse_anatomy 120 python3 -m bench.sparse --anatomy --out "$out"
+        for v in real:"" shared:"--shared 1.0" empty:"--empty-lists" gather:"--gather"; do
+            name=${v%%:*}
+            # shellcheck disable=SC2086
+            step "ncu_sparse_$name" 90 ncu --clock-control none --set full -k regex:sparse_ -c 2 -f \
+                -o "/tmp/ncu_sparse_$name" "${sp[@]}" ${v#*:}
+            ncu -i "/tmp/ncu_sparse_$name.ncu-rep" --page details --csv > "$logs/ncu_sparse_${name}_details.csv" 2>&1
+            ncu -i "/tmp/ncu_sparse_$name.ncu-rep" --page source --csv --print-source sass \
+                > "$logs/ncu_sparse_${name}_sass.csv" 2>&1
+        done ;;
     *) echo "unknown step $s" | tee -a "$out/round.log" ;;
 esac; done
 tar -czf "$out/logs.tgz" -C "$logs" .

@@ -23,6 +23,7 @@ ap.add_argument("--spec", default="specs/glm5_sm120.yaml")
 ap.add_argument("--shape", default="1,16,131072", help="B,T,L")
 ap.add_argument("--shared", type=float, default=0.7, help="sparse specs: the share of K every token of a request lists")
 ap.add_argument("--gather", action="store_true", help="sparse specs: the per-token-gather kernel instead of the union")
+ap.add_argument("--empty-lists", action="store_true", help="sparse specs: lists of -1 only (the scan, the tree and the fixed costs)")
 ap.add_argument("--kernels", action="store_true", help="print per-kernel GPU times of 10 calls")
 ap.add_argument("--tiles", default=None, help="a tiling instead of the plan's (e.g. wgmma:32,3,1)")
 args = ap.parse_args()
@@ -35,7 +36,8 @@ mod = kgen.jit(spec, tiles=tiles)
 if spec.model.sparse:
     x = make_sparse_inputs(spec, [t] * b, [l] * b, spec.model.index_topk, shared=args.shared, window=256,
                            device="cuda")
-    step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=not args.gather)
+    lists = torch.full_like(x.topk_indices, -1) if args.empty_lists else x.topk_indices
+    step = mod.prepare_sparse(x.base.qo_indptr, lists, x.base.op_mask, union=not args.gather)
     print(f"union rows per request: {x.union_sizes()}")
     k_tree = x.base.stored_k_tree  # as a server passes them
 
