@@ -167,26 +167,33 @@ struct SlotFilter {
 };
 
 // The shared-memory hash set of a union round: `size` slots (-1 = empty) and masks, then the
-// count of slots inserted and the overflow flag, then 32 ints of scan scratch. The layout is
-// TABLE's; a round uses `size` <= TABLE entries (a power of two), picked for the split's
-// expected share of keys, so clearing and compacting it costs what the split needs.
+// count of slots inserted and the overflow flag, then 32 ints of scan scratch, then each warp's
+// queue of entries to insert (build_union). The layout is TABLE's; a round uses `size` <= TABLE
+// entries (a power of two), picked for the split's expected share of keys, so clearing and
+// compacting it costs what the split needs.
 template <int TABLE>
 struct SlotSet {
     static constexpr int CAP = TABLE / 2;      // keys of a list at most (the lists scratch per CTA)
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
-    static constexpr int BYTES = TABLE * 8 + 34 * 4;
+    static constexpr int LOADS = 8;            // list entries a thread scans at a time
+    static constexpr int QUEUE_PER_WARP = 32 * LOADS;  // bytes
+    static_assert(QUEUE_PER_WARP <= 256, "a queued entry is one byte");
+    static constexpr int BYTES = TABLE * 8 + 34 * 4;  // without the queues: bytes_for(warps) adds them
     static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
     int* keys;
     unsigned* masks;
     int* count;  // [0] inserted, [1] overflow
     int* scan;
+    unsigned char* queue;
     int size, bits;
+
+    static constexpr int bytes_for(int warps) { return BYTES + warps * QUEUE_PER_WARP; }
 
     __device__ __forceinline__ static SlotSet at(char* smem, int size) {
         int* keys = reinterpret_cast<int*>(smem);
         unsigned* masks = reinterpret_cast<unsigned*>(keys + TABLE);
         int* count = reinterpret_cast<int*>(masks + TABLE);
-        return {keys, masks, count, count + 2, size, __ffs(size) - 1};
+        return {keys, masks, count, count + 2, reinterpret_cast<unsigned char*>(count + 34), size, __ffs(size) - 1};
     }
 
     __device__ __forceinline__ void clear() const {
@@ -261,28 +268,45 @@ __device__ __forceinline__ bool listed(int slot, long long num_slots, int valida
 
 // Union round: the tile's tokens' entries (tokens x width ints at `lists`) whose slot passes
 // `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
-// overflowed (nothing of it may be used). Not inlined, as find_sparse_item: it runs once per
-// round, and inlined its temporaries spilled the sm_120 kernel at its register cap.
+// overflowed (nothing of it may be used). The scan stays converged: each warp queues its passing
+// entries of a step of LOADS loads (ballot + popc into its own queue: one byte, u x 32 + lane, per
+// entry, so LOADS x 32 entries fit) and then inserts them all at once, one per lane. Inserting
+// inside the scan let the lanes of a warp drift apart in their probe loops, and the warp then ran
+// the scan ~4x over with ~7 lanes each (ncu, bench/NOTES.md v19). Not inlined, as
+// find_sparse_item: it runs once per round, and inlined its temporaries spilled the sm_120 kernel
+// at its register cap.
 template <int TABLE>
 __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lists, int tokens, int width,
                                         const SlotFilter filter, const KeyList list, const SparseArgs a) {
-    constexpr int LOADS = 8;  // entries a thread has in flight: the scan is a few L2 latencies, not one per entry
+    constexpr int LOADS = SlotSet<TABLE>::LOADS;  // entries a thread has in flight: the scan is a few L2 latencies
     set.clear();
     __syncthreads();
+    const int lane = threadIdx.x % 32;
+    unsigned char* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE>::QUEUE_PER_WARP;
     const int entries = tokens * width;
-    for (int e0 = threadIdx.x; e0 < entries; e0 += LOADS * blockDim.x) {
+    for (int e0 = threadIdx.x; e0 - lane < entries; e0 += LOADS * blockDim.x) {  // whole warps iterate
         int slot[LOADS];
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
             const int e = e0 + u * blockDim.x;
             slot[u] = e < entries ? __ldg(lists + e) : -1;
         }
+        int queued = 0;
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
-            if (!listed(slot[u], a.num_slots, a.validate, a.error_flag)) continue;
-            const unsigned h = mix32(static_cast<unsigned>(slot[u]));
-            if (filter(h)) set.insert(slot[u], h, 1u << ((e0 + u * blockDim.x) / width));
+            const bool take = listed(slot[u], a.num_slots, a.validate, a.error_flag) &&
+                              filter(mix32(static_cast<unsigned>(slot[u])));
+            const unsigned takers = __ballot_sync(0xffffffffu, take);
+            if (take) queue[queued + __popc(takers & ((1u << lane) - 1))] = static_cast<unsigned char>(u * 32 + lane);
+            queued += __popc(takers);
         }
+        __syncwarp();
+        for (int i = lane; i < queued; i += 32) {
+            const int e = e0 - lane + (queue[i] / 32) * blockDim.x + queue[i] % 32;
+            const int s = __ldg(lists + e);  // this warp's own load of it, still in L1
+            set.insert(s, mix32(static_cast<unsigned>(s)), 1u << (e / width));
+        }
+        __syncwarp();  // the queue is read before the next step writes it
     }
     __syncthreads();
     const bool fits = set.count[1] == 0;
@@ -319,7 +343,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                                  const SparseArgs& a, float* part_o, float* part_lse,
                                                  float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
-    static_assert(SlotSet<TABLE>::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
+    static_assert(SlotSet<TABLE>::bytes_for(C::THREADS / 32) <= C::RING_BYTES, "the hash set and queues fit the KV ring");
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const int qo0 = a.qo_indptr[item.b], tokens = min(a.qo_indptr[item.b + 1] - qo0, a.max_nodes);
