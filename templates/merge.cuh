@@ -59,15 +59,14 @@ namespace kgen {
 // Final output of verify/prefix/tree attention: one CTA per output row (token, head) merges
 // the request's split partials into o (bf16) and lse; each thread owns 4 of the DV dims. Weights
 // go through shared memory so the loop over states issues independent loads (a dependent chain
-// of L2 latencies per state was the cost), IN_FLIGHT of them at a time.
+// of L2 latencies per state was the cost).
 // See schedule.cuh for the slot layout.
 template <int HEADS, int DV, int BM>
 __device__ __forceinline__ void combine_partials(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                                                  const int* __restrict__ qo_indptr, const int4* __restrict__ req_meta,
                                                  int batch, bf16* __restrict__ o, float* __restrict__ lse) {
     static_assert(DV % 4 == 0, "4 dims per thread");
-    constexpr int CHUNK = 256;     // states whose weights are staged at a time
-    constexpr int IN_FLIGHT = 16;  // partial o loads a thread issues before it adds them (L2 latency, not issue, binds)
+    constexpr int CHUNK = 256;  // states whose weights are staged at a time
     __shared__ float weight[CHUNK];
     __shared__ float scratch[32];
     const long long out_row = blockIdx.x;  // token * HEADS + head
@@ -97,17 +96,12 @@ __device__ __forceinline__ void combine_partials(const float* __restrict__ part_
             local_sum += w;
         }
         __syncthreads();
-        for (int k0 = 0; k0 < n; k0 += IN_FLIGHT) {
-            float4 v[IN_FLIGHT];
-#pragma unroll
-            for (int u = 0; u < IN_FLIGHT; ++u)
-                if (k0 + u < n) v[u] = *reinterpret_cast<const float4*>(part_o + at(s0 + k0 + u) * DV + threadIdx.x * 4);
-#pragma unroll
-            for (int u = 0; u < IN_FLIGHT; ++u) {
-                const float w = k0 + u < n ? weight[k0 + u] : 0.f;
-                if (w != 0.f) {  // a state that saw nothing adds nothing, whatever its o holds
-                    acc.x += w * v[u].x; acc.y += w * v[u].y; acc.z += w * v[u].z; acc.w += w * v[u].w;
-                }
+#pragma unroll 4
+        for (int k = 0; k < n; ++k) {
+            const float w = weight[k];
+            const float4 v = *reinterpret_cast<const float4*>(part_o + at(s0 + k) * DV + threadIdx.x * 4);
+            if (w != 0.f) {  // a state that saw nothing adds nothing, whatever its o holds
+                acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
             }
         }
         __syncthreads();

@@ -147,15 +147,11 @@ __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefe
 // Generic-proxy writes to shared memory (the hash set in the ring) before bulk copies refill it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// A bijective 32-bit mix (murmur3's finalizer): partitions and probe positions from its bits.
-__device__ __forceinline__ unsigned mix32(unsigned x) {
-    x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    x *= 0xc2b2ae35u;
-    x ^= x >> 16;
-    return x;
-}
+// The slot's hash: Fibonacci hashing (one multiply by 2^32 / golden ratio, a bijection). Its high
+// bits pick the partition, its low bits (the slot's low bits, permuted) a round's sub-partition,
+// and the set probes from the high bits of a second multiply. The scan hashes every entry of its
+// tile's lists, so the hash is what an entry costs (murmur3's finalizer took 8 instructions).
+__device__ __forceinline__ unsigned slot_hash(unsigned slot) { return slot * 0x9e3779b1u; }
 
 // Which slots a union round takes: partition `split` of `splits` (the hash's high bits), and of
 // those the sub-partition `rem` of `mod` (its low bits; mod = 1 takes all).
@@ -282,6 +278,9 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
     set.clear();
     __syncthreads();
     const int lane = threadIdx.x % 32;
+    // Slots below `limit` name rows (branch-free in the scan; listed() says the same per entry).
+    const unsigned limit = static_cast<unsigned>(min(a.num_slots, 1LL << 31));
+    bool out_of_range = false;
     unsigned char* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE>::QUEUE_PER_WARP;
     const int entries = tokens * width;
     for (int e0 = threadIdx.x; e0 - lane < entries; e0 += LOADS * blockDim.x) {  // whole warps iterate
@@ -294,8 +293,9 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
         int queued = 0;
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
-            const bool take = listed(slot[u], a.num_slots, a.validate, a.error_flag) &&
-                              filter(mix32(static_cast<unsigned>(slot[u])));
+            const unsigned s = static_cast<unsigned>(slot[u]);  // -1 (any negative) is >= limit
+            out_of_range |= slot[u] >= 0 && s >= limit;
+            const bool take = s < limit && filter(slot_hash(s));
             const unsigned takers = __ballot_sync(0xffffffffu, take);
             if (take) queue[queued + __popc(takers & ((1u << lane) - 1))] = static_cast<unsigned char>(u * 32 + lane);
             queued += __popc(takers);
@@ -304,10 +304,11 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
         for (int i = lane; i < queued; i += 32) {
             const int e = e0 - lane + (queue[i] / 32) * blockDim.x + queue[i] % 32;
             const int s = __ldg(lists + e);  // this warp's own load of it, still in L1
-            set.insert(s, mix32(static_cast<unsigned>(s)), 1u << (e / width));
+            set.insert(s, slot_hash(static_cast<unsigned>(s)), 1u << (e / width));
         }
         __syncwarp();  // the queue is read before the next step writes it
     }
+    if (a.validate && out_of_range) atomicOr(a.error_flag, 2);  // as listed()
     __syncthreads();
     const bool fits = set.count[1] == 0;
     __syncthreads();  // every thread has read the flag before the next round clears it
