@@ -37,7 +37,15 @@ def worst_lse_error(mod, inp, ref_inp, op: str) -> tuple[float, int, float, floa
     return err[i].item(), i, lse[i].item(), ref[i].item(), diff.max().item()
 
 
-def single_key_logits(mod, q_scale: float, device, requests: int = 256) -> str:
+def exact_q(q: torch.Tensor) -> torch.Tensor:
+    """q with every value on e4m3's grid and each row's max|q| exactly 448, so the e4m3 mode's
+    per-row quantization is the identity (q_scale = 1): what differs then is not Q's rounding."""
+    x = (q.float() * (100 / q.float().abs().amax().clamp_min(1e-30))).clamp(-448, 448).to(fp8.E4M3).float()
+    x[..., 0] = 448.0
+    return x.bfloat16()
+
+
+def single_key_logits(mod, q_scale: float, device, requests: int = 256, exact: bool = False) -> str:
     """Prefix op at T=1, L=1 (lse is the one logit): kgen's against the reference with Q rounded
     by e4m3_rows and with Q as given, as rms and max |difference| over the logits' rms; then the
     pattern of the rows off the e4m3_rows reference by more than 1% of that rms: their head (the
@@ -45,7 +53,7 @@ def single_key_logits(mod, q_scale: float, device, requests: int = 256) -> str:
     and how far they are off against the rows the reference models exactly."""
     g = torch.Generator(device).manual_seed(0)
     inp = make_verify_inputs(Dims.of(mod.spec), [1] * requests, [1] * requests, device=device, generator=g)
-    inp = replace(inp, q=(inp.q.float() * q_scale).bfloat16())
+    inp = replace(inp, q=exact_q(inp.q) if exact else (inp.q.float() * q_scale).bfloat16())
     _, lse = mod.prefix_attention(*inp.prefix_args(), **inp.kv_kwargs)
     out, rows_off = [], None
     for name, ref_inp in (("e4m3_rows Q", replace(inp, q=fp8.e4m3_rows(inp.q))), ("unrounded Q", inp)):
@@ -64,7 +72,8 @@ def single_key_logits(mod, q_scale: float, device, requests: int = 256) -> str:
     worst = rows_off.argsort(descending=True)[:6].tolist()
     pattern.append("worst (request, head, block, off): " + ", ".join(
         f"({i // heads}, {i % heads}, {int(amax_block[i])}, {rows_off[i].item():.1e})" for i in worst))
-    return (f"{mod.spec.name} single key |q| x{q_scale:g} (differences over the logits' rms): " + "; ".join(out)
+    what = "e4m3-exact Q (row max 448)" if exact else f"|q| x{q_scale:g}"
+    return (f"{mod.spec.name} single key {what} (differences over the logits' rms): " + "; ".join(out)
             + "\n  " + "\n  ".join(pattern))
 
 
@@ -76,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--q-scales", default="100,1000")
     p.add_argument("--quiet", action="store_true", help="the count per op only")
     p.add_argument("--single", action="store_true", help="only the single-key logit comparison, per --q-scales")
+    p.add_argument("--exact", action="store_true", help="--single with Q already on e4m3's grid (its rounding is exact)")
     p.add_argument("--plan-arch", default=None, help="another arch's plan (sm_120: the sm_120 plan on an H200)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -84,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     mod = kgen.jit(kgen.load_spec(args.spec), arch=args.plan_arch)
     dev, heads, q_scales = torch.device("cuda"), mod.spec.model.num_q_heads, [float(x) for x in args.q_scales.split(",")]
     if args.single:
-        for q_scale in q_scales:
-            print(single_key_logits(mod, q_scale, dev))
+        for q_scale in q_scales[:1] if args.exact else q_scales:
+            print(single_key_logits(mod, q_scale, dev, exact=args.exact))
         return 0
     bad, worst = dict.fromkeys(OPS, 0), dict.fromkeys(OPS, 0.0)
     for seed in range(args.seeds):

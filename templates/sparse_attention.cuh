@@ -294,14 +294,22 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
     const unsigned limit = static_cast<unsigned>(min(a.num_slots, 1LL << 31));
     bool out_of_range = false;
     unsigned char* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE>::QUEUE_PER_WARP;
-    const int entries = tokens * width;
-    for (int e0 = threadIdx.x; e0 - lane < entries; e0 += LOADS * blockDim.x) {  // whole warps iterate
-        int slot[LOADS];
+    const int entries = tokens * width, step = LOADS * blockDim.x;
+    // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
+    auto load = [&](int (&slot)[LOADS], int e0) {
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
             const int e = e0 + u * blockDim.x;
             slot[u] = e < entries ? __ldg(lists + e) : -1;
         }
+    };
+    int next[LOADS];
+    load(next, threadIdx.x);
+    for (int e0 = threadIdx.x; e0 - lane < entries; e0 += step) {  // whole warps iterate
+        int slot[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) slot[u] = next[u];
+        load(next, e0 + step);
         int queued = 0;
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
