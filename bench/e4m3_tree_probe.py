@@ -5,7 +5,7 @@ of tests/test_fp8_gpu.py), printing every (seed, |q| scale, op) whose lse error 
 rounding can explain; this is the reproduction.
 
     python -m bench.e4m3_tree_probe [--seeds 60] [--spec specs/glm5_fp8_mma_e4m3_sm120.yaml]
-        [--tree-kind random|chain|star|bits] [--q-scales 100,1000] [--quiet] [--single] [--plan-arch sm_120]
+        [--tree-kind random|chain|star|bits] [--q-scales 100,1000] [--quiet] [--single [--exact]] [--elements] [--plan-arch sm_120]
 """
 
 from __future__ import annotations
@@ -77,6 +77,37 @@ def single_key_logits(mod, q_scale: float, device, requests: int = 256, exact: b
             + "\n  " + "\n  ".join(pattern))
 
 
+def element_readout(mod, q_scale: float, device, rows: int = 32) -> str:
+    """The kernel's quantized Q, element by element: request b (T=1, L=1) holds query row b // D
+    and one key, the one-hot row e_(b mod D) (e4m3 1.0, kv_scale 1), so its lse is softmax_scale x
+    the kernel's dequantized q[b mod D]. Compared with e4m3_rows: how many elements differ, and
+    for the first few the bf16 value, x / q_scale, what e4m3_rows made of it and what the kernel did."""
+    spec = mod.spec
+    d, h = spec.model.head_dim, spec.model.num_q_heads
+    g = torch.Generator(device).manual_seed(1)
+    b = rows * d
+    inp = make_verify_inputs(Dims.of(spec), [1] * b, [1] * b, device=device, generator=g)
+    base = (torch.randn(rows, h, d, generator=g, device=device) * q_scale).bfloat16()
+    cache = torch.zeros(inp.kv_cache.shape, dtype=torch.float32, device=device).reshape(-1, d)
+    cache[inp.kv_indices.long(), torch.arange(b, device=device) % d] = 1.0
+    inp = replace(inp, q=base.repeat_interleave(d, 0), kv_cache=cache.reshape(inp.kv_cache.shape).to(fp8.E4M3),
+                  kv_scale=1.0)
+    _, lse = mod.prefix_attention(*inp.prefix_args(), **inp.kv_kwargs)
+    got = (lse.double() / spec.model.softmax_scale).reshape(rows, d, h).permute(0, 2, 1)  # [rows, H, D]
+    want = fp8.e4m3_rows(base).double()
+    off = ~torch.isclose(got, want, rtol=1e-5, atol=1e-30)
+    x = base.double()
+    q_scale_row = x.abs().amax(-1, keepdim=True) / fp8.E4M3_MAX
+    lines = [f"{spec.name} element readout |q| x{q_scale:g}: {int(off.sum())} of {off.numel()} elements differ "
+             f"(rows with any: {int(off.any(-1).sum())} of {rows * h})"]
+    for i in off.nonzero()[:8].tolist():
+        r, hh, k = i
+        lines.append(f"  row {r} head {hh} dim {k}: x {x[r, hh, k].item():.6g}, x/q_scale "
+                     f"{(x[r, hh, k] / q_scale_row[r, hh, 0]).item():.7g}, e4m3_rows {want[r, hh, k].item():.6g}, "
+                     f"kernel {got[r, hh, k].item():.6g}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=60)
@@ -85,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--q-scales", default="100,1000")
     p.add_argument("--quiet", action="store_true", help="the count per op only")
     p.add_argument("--single", action="store_true", help="only the single-key logit comparison, per --q-scales")
+    p.add_argument("--elements", action="store_true", help="read the kernel's quantized Q out element by element")
     p.add_argument("--exact", action="store_true", help="--single with Q already on e4m3's grid (its rounding is exact)")
     p.add_argument("--plan-arch", default=None, help="another arch's plan (sm_120: the sm_120 plan on an H200)")
     args = p.parse_args(argv)
@@ -93,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     mod = kgen.jit(kgen.load_spec(args.spec), arch=args.plan_arch)
     dev, heads, q_scales = torch.device("cuda"), mod.spec.model.num_q_heads, [float(x) for x in args.q_scales.split(",")]
+    if args.elements:
+        for q_scale in q_scales:
+            print(element_readout(mod, q_scale, dev))
+        return 0
     if args.single:
         for q_scale in q_scales[:1] if args.exact else q_scales:
             print(single_key_logits(mod, q_scale, dev, exact=args.exact))
