@@ -508,11 +508,28 @@ __device__ __forceinline__ void partial_scores(const AttnState<C>& st, const cha
         }
 }
 
-// 2. Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
-// softmax (base 2), its probabilities into P and the row's rescale factor alpha.
+// Which of its RED_COLS keys of tile `tile` row red_row sees: (c, key) -> bool, c the column
+// among them, key = tile * BN + red_col0 + c < num_keys. This generic one asks the visibility per
+// key; a visibility whose answers come from memory overloads tile_visibility to load them when
+// the tile starts, so the loads overlap the tile's partial scores (ListVisible).
+template <class Visible>
+struct RowVisibility {
+    const Visible& visible;
+    int row;
+    __device__ __forceinline__ bool operator()(int, int key) const { return visible(row, key); }
+};
 template <class C, class Visible>
+__device__ __forceinline__ RowVisibility<Visible> tile_visibility(const Visible& visible, int, int,
+                                                                  const WarpCoords& w) {
+    return {visible, w.red_row};
+}
+
+// 2. Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
+// softmax (base 2), its probabilities into P and the row's rescale factor alpha. `visible` is the
+// tile's tile_visibility.
+template <class C, class TileVisible>
 __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const char* kt, int tile, int num_keys,
-                                             const Visible& visible, const WarpCoords& w) {
+                                             const TileVisible& visible, const WarpCoords& w) {
     const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
     const int red_row = w.red_row, red_col0 = w.red_col0;
     float s[C::RED_COLS];
@@ -531,7 +548,7 @@ __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const
 #pragma unroll
     for (int c = 0; c < C::RED_COLS; ++c) {
         const int key = tile * C::BN + red_col0 + c;
-        s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
+        s[c] = (key < num_keys && visible(c, key)) ? s[c] * st.score_scale : neg_inf();
         tile_max = fmaxf(tile_max, s[c]);
     }
     // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
@@ -591,11 +608,12 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
     const int block_bar = C::ROW_BLOCK_BAR0 + w.wrow0 / C::WARP_ROWS;
 
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
+        const auto tile_visible = tile_visibility<C>(visible, tile, num_keys, w);
         const int stage = ring_wait_full<C>(smem, st.ring_pos);
         const char* kt = smem + stage * C::BN * C::KV_STRIDE;
         partial_scores<C>(st, kt, s_part, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-        softmax_tile<C>(smem, st, kt, tile, num_keys, visible, w);
+        softmax_tile<C>(smem, st, kt, tile, num_keys, tile_visible, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
         rescale_and_pv<C>(smem, st, kt, w);
         mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage

@@ -142,6 +142,28 @@ struct ListVisible {
     }
 };
 
+// ListVisible's answers for one tile: bit c says row red_row sees its key c of the tile, from the
+// keys' masks loaded when the tile starts (consume_range), before its partial scores, which hide
+// their latency.
+struct ListTileVisibility {
+    unsigned bits;
+    __device__ __forceinline__ bool operator()(int c, int) const { return (bits >> c) & 1u; }
+};
+template <class C>
+__device__ __forceinline__ ListTileVisibility tile_visibility(const ListVisible<C>& v, int tile, int num_keys,
+                                                              const WarpCoords& w) {
+    static_assert(C::RED_COLS <= 32, "a row's keys of a tile fit one word");
+    if (w.red_row >= v.num_rows) return {0u};  // a padding row sees nothing
+    const int shift = (v.row0 + w.red_row) / C::HEADS - v.token0;
+    unsigned bits = 0;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        const int key = tile * C::BN + w.red_col0 + c;
+        if (key < num_keys) bits |= ((v.lists[v.mask0 + key] >> shift) & 1u) << c;
+    }
+    return {bits};
+}
+
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 // Generic-proxy writes to shared memory (the hash set in the ring) before bulk copies refill it.
