@@ -32,12 +32,14 @@ def dequantize(x: torch.Tensor, kv_scale: float) -> torch.Tensor:
 
 
 def e4m3_rows(q: torch.Tensor) -> torch.Tensor:
-    """q [..., D] as e4m3 MMAs see it (cache.mma e4m3, templates/attention.cuh): each row times
-    448 / max|q| in float32, rounded to e4m3 (so nothing saturates), scaled back; float32."""
+    """q [..., D] as e4m3 MMAs see it (cache.mma e4m3, templates/attention.cuh): each row's
+    x * 448 / max|q| in float32 with one rounding (x * 448 is exact for bf16 x; nothing
+    saturates), rounded to e4m3 (to nearest, ties to even), times max|q| / 448; float32."""
     x = q.float()
     amax = x.abs().amax(-1, keepdim=True)
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    return (x * (1 / scale)).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * scale
+    div = torch.where(amax > 0, amax, torch.full_like(amax, E4M3_MAX))
+    return ((x * E4M3_MAX) / div).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * scale
 
 
 # ---- SGLang's DSA pool rows (cache.scales: per_block; DESIGN §11) ----------------------------

@@ -164,12 +164,25 @@ struct WarpCoords {
     }
 };
 
-// Dims d .. d + 3 of a staged bf16 query row, times inv_scale.
-__device__ __forceinline__ float4 scaled4(const char* q_row, int d, float inv_scale) {
+// A query value at its MMA's scale, from the row's q_div (load_q_fragments). f16: x times a power
+// of two (exact). e4m3: x * 448 / max|q| with one rounding (x * 448 is exact for a bf16 x), so an
+// exact tie, which bf16 values often make (8 significant bits), rounds to even as
+// kgen.fp8.e4m3_rows rounds it; x * (1 / q_scale) rounds twice and broke such ties either way
+// (bench/NOTES.md, "e4m3 tree").
+template <class C>
+__device__ __forceinline__ float q_at_scale(float x, float q_div) {
+    if constexpr (C::MMA_E4M3) return __fdiv_rn(x * E4M3_MAX, q_div);
+    else return x * q_div;
+}
+
+// Dims d .. d + 3 of a staged bf16 query row at its MMA's scale.
+template <class C>
+__device__ __forceinline__ float4 scaled4(const char* q_row, int d, float q_div) {
     const uint2 raw = *reinterpret_cast<const uint2*>(q_row + d * 2);
     const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
-    return make_float4(a.x * inv_scale, a.y * inv_scale, b.x * inv_scale, b.y * inv_scale);
+    return make_float4(q_at_scale<C>(a.x, q_div), q_at_scale<C>(a.y, q_div), q_at_scale<C>(b.x, q_div),
+                       q_at_scale<C>(b.y, q_div));
 }
 
 // A fragment of k-step dims [d0, d0 + K_STEP) for rows r and r + 8 of the staged Q tile, scaled.
@@ -177,12 +190,12 @@ __device__ __forceinline__ float4 scaled4(const char* q_row, int d, float inv_sc
 // match key_fragments' (lane q holds dims 4q .. 4q+3: k 2q, 2q+1 in a[0] and k 2q+8, 2q+9 in a[2]).
 template <class C>
 __device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
-                                           float inv_lo, float inv_hi) {
-    const float4 lo = scaled4(smem + r * C::Q_STRIDE, d0 + 4 * q4, inv_lo);
-    const float4 hi = scaled4(smem + (r + 8) * C::Q_STRIDE, d0 + 4 * q4, inv_hi);
+                                           float div_lo, float div_hi) {
+    const float4 lo = scaled4<C>(smem + r * C::Q_STRIDE, d0 + 4 * q4, div_lo);
+    const float4 hi = scaled4<C>(smem + (r + 8) * C::Q_STRIDE, d0 + 4 * q4, div_hi);
     if constexpr (C::MMA_E4M3) {
-        const float4 lo2 = scaled4(smem + r * C::Q_STRIDE, d0 + 16 + 4 * q4, inv_lo);
-        const float4 hi2 = scaled4(smem + (r + 8) * C::Q_STRIDE, d0 + 16 + 4 * q4, inv_hi);
+        const float4 lo2 = scaled4<C>(smem + r * C::Q_STRIDE, d0 + 16 + 4 * q4, div_lo);
+        const float4 hi2 = scaled4<C>(smem + (r + 8) * C::Q_STRIDE, d0 + 16 + 4 * q4, div_hi);
         a[0] = pack_e4m3x4(lo);
         a[1] = pack_e4m3x4(hi);
         a[2] = pack_e4m3x4(lo2);
@@ -195,23 +208,24 @@ __device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* smem, i
     }
 }
 
-// Dims d, d + 1 of a staged bf16 query row, times inv_scale, as bf16x2.
-__device__ __forceinline__ unsigned scaled_bf16x2(const char* q_row, int d, float inv_scale) {
+// Dims d, d + 1 of a staged bf16 query row at its MMA's scale, as bf16x2.
+template <class C>
+__device__ __forceinline__ unsigned scaled_bf16x2(const char* q_row, int d, float q_div) {
     const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(q_row + d * 2));
-    return pack_bf16x2(v.x * inv_scale, v.y * inv_scale);
+    return pack_bf16x2(q_at_scale<C>(v.x, q_div), q_at_scale<C>(v.y, q_div));
 }
 
 // A bf16 fragment (m16n8k16, the plain k order of key_fragments_b16) of dims [d0, d0 + 16) for rows
 // r and r + 8 of the staged Q tile, scaled: a scaled row's rope k-steps.
 template <class C>
 __device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
-                                              float inv_lo, float inv_hi) {
+                                              float div_lo, float div_hi) {
     const char* lo = smem + r * C::Q_STRIDE;
     const char* hi = smem + (r + 8) * C::Q_STRIDE;
-    a[0] = scaled_bf16x2(lo, d0 + 2 * q4, inv_lo);
-    a[1] = scaled_bf16x2(hi, d0 + 2 * q4, inv_hi);
-    a[2] = scaled_bf16x2(lo, d0 + 8 + 2 * q4, inv_lo);
-    a[3] = scaled_bf16x2(hi, d0 + 8 + 2 * q4, inv_hi);
+    a[0] = scaled_bf16x2<C>(lo, d0 + 2 * q4, div_lo);
+    a[1] = scaled_bf16x2<C>(hi, d0 + 2 * q4, div_hi);
+    a[2] = scaled_bf16x2<C>(lo, d0 + 8 + 2 * q4, div_lo);
+    a[3] = scaled_bf16x2<C>(hi, d0 + 8 + 2 * q4, div_hi);
 }
 
 // Q fragments of this warp from the staged Q tile. bf16: ldmatrix. fp8 KV: each row is scaled by
@@ -232,7 +246,7 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
                 ldmatrix_x4(st.qf[mt][ks], smem + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
             }
     } else {
-        float* inv_q = reinterpret_cast<float*>(smem + C::ALPHA_OFF);  // free until the first tile
+        float* q_div = reinterpret_cast<float*>(smem + C::ALPHA_OFF);  // free until the first tile
         const char* my_row = smem + w.red_row * C::Q_STRIDE;
         float amax = 0.f;
         for (int d = (threadIdx.x % C::RED_THREADS) * 8; d < C::D; d += C::RED_THREADS * 8) {
@@ -246,17 +260,18 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
         const float q_scale = !(amax > 0.f) ? 1.f : C::MMA_E4M3 ? amax / E4M3_MAX : ldexpf(1.f, ilogbf(amax) - 14);
         st.score_scale = scale_log2 * kv_scale * q_scale;
         st.out_scale = kv_scale / C::P_SCALE;
-        if (threadIdx.x % C::RED_THREADS == 0) inv_q[w.red_row] = 1.f / q_scale;
+        if (threadIdx.x % C::RED_THREADS == 0)  // what q_at_scale takes: e4m3 divides by max|q|, f16 multiplies
+            q_div[w.red_row] = C::MMA_E4M3 ? (amax > 0.f ? amax : E4M3_MAX) : 1.f / q_scale;
         named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
 #pragma unroll
         for (int mt = 0; mt < C::M_TILES; ++mt) {
             const int r = w.wrow0 + mt * 16 + w.g;
-            const float inv_lo = inv_q[r], inv_hi = inv_q[r + 8];
+            const float div_lo = q_div[r], div_hi = q_div[r + 8];
 #pragma unroll
             for (int ks = 0; ks < C::K_STEPS; ++ks) {
                 if (!has_step<C>(w.group, ks)) continue;
-                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
-                else quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, inv_lo, inv_hi);
+                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
+                else quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
             }
         }
     }
