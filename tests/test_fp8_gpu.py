@@ -11,10 +11,10 @@ to 1e-2 * (|ref| + 1) there (still far below what a saturated value would cost).
   3 mantissa bits: measured on the H200 (2026-11-30) the whole-output error reaches 0.14 and single
   peaky rows more than 1 (the rounding moves weight between near-equal top keys), so the accuracy
   bounds here only catch garbage; the error against the unrounded Q is the table in docs/fp8.md
-  (python -m bench.fp8_error). Open defect (bench/NOTES.md "e4m3 tree", 2026-12-01): the kernel's
-  logits also differ from e4m3_rows' by rms 3.6e-3 of their spread, max 4.9e-2, so at |q| >= 100
-  tree rows whose lse sits near 0 can exceed the lse bound: a real error, not noise
-  (python -m bench.e4m3_tree_probe reproduces it).
+  (python -m bench.fp8_error). The kernel and e4m3_rows both compute x * 448 / max|q| with one
+  rounding, so exact ties (frequent with bf16 values) round to even in both: the kernel's quantized
+  Q equals e4m3_rows' element for element (H200, 2026-12-01, python -m bench.e4m3_tree_probe
+  --elements; bench/NOTES.md "e4m3 tree", where x * (1 / q_scale) had broken ~2.5% of rows).
 """
 
 from __future__ import annotations
