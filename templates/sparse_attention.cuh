@@ -285,16 +285,23 @@ __device__ __forceinline__ int initial_set_size(int entries, int splits) {
     return size;
 }
 
-// Whether list entry `slot` names a row: -1 (and any negative) is no key; with `validate`, a slot
-// outside the cache raises bit 2 of the error flag (without, it is skipped all the same).
-__device__ __forceinline__ bool listed(int slot, long long num_slots, int validate, int* error_flag) {
-    if (slot < 0) return false;
-    if (slot >= num_slots) {
-        if (validate) atomicOr(error_flag, 2);
-        return false;
+// Which list entries name rows: slots in [0, num_slots); -1 (any negative) is no key. Slots are
+// int32, so one unsigned compare against min(num_slots, 2^31) tells both apart, branch-free. A slot
+// outside the cache is skipped all the same; with `validate` it raises bit 2 of the error flag,
+// once per thread (report).
+struct SlotRange {
+    unsigned limit;
+    bool outside_seen = false;
+    __device__ __forceinline__ explicit SlotRange(long long num_slots)
+        : limit(static_cast<unsigned>(min(num_slots, 1LL << 31))) {}
+    __device__ __forceinline__ bool names(int slot) {
+        outside_seen |= slot >= 0 && static_cast<unsigned>(slot) >= limit;
+        return static_cast<unsigned>(slot) < limit;
     }
-    return true;
-}
+    __device__ __forceinline__ void report(const SparseArgs& a) const {
+        if (a.validate && outside_seen) atomicOr(a.error_flag, 2);
+    }
+};
 
 // Union round: the tile's tokens' entries (tokens x width ints at `lists`) whose slot passes
 // `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
@@ -312,9 +319,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
     set.clear();
     __syncthreads();
     const int lane = threadIdx.x % 32;
-    // Slots below `limit` name rows (branch-free in the scan; listed() says the same per entry).
-    const unsigned limit = static_cast<unsigned>(min(a.num_slots, 1LL << 31));
-    bool out_of_range = false;
+    SlotRange range(a.num_slots);
     unsigned char* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE>::QUEUE_PER_WARP;
     const int entries = tokens * width, step = LOADS * blockDim.x;
     // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
@@ -335,9 +340,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
         int queued = 0;
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
-            const unsigned s = static_cast<unsigned>(slot[u]);  // -1 (any negative) is >= limit
-            out_of_range |= slot[u] >= 0 && s >= limit;
-            const bool take = s < limit && filter(slot_hash(s));
+            const bool take = range.names(slot[u]) && filter(slot_hash(static_cast<unsigned>(slot[u])));
             const unsigned takers = __ballot_sync(0xffffffffu, take);
             if (take) queue[queued + __popc(takers & ((1u << lane) - 1))] = static_cast<unsigned char>(u * 32 + lane);
             queued += __popc(takers);
@@ -350,7 +353,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
         }
         __syncwarp();  // the queue is read before the next step writes it
     }
-    if (a.validate && out_of_range) atomicOr(a.error_flag, 2);  // as listed()
+    range.report(a);
     __syncthreads();
     const bool fits = set.count[1] == 0;
     __syncthreads();  // every thread has read the flag before the next round clears it
@@ -362,13 +365,15 @@ __device__ __noinline__ int build_gather(int* scan, const KeyList list, const in
                                          const SparseArgs a) {
     const int per = (e1 - e0 + blockDim.x - 1) / blockDim.x;
     const int begin = e0 + threadIdx.x * per, end = min(e1, begin + per);
+    SlotRange range(a.num_slots);
     int n = 0;
-    for (int e = begin; e < end; ++e) n += listed(lists[e], a.num_slots, a.validate, a.error_flag);
+    for (int e = begin; e < end; ++e) n += range.names(lists[e]);
+    range.report(a);
     int total;
     int at = block_inclusive_sum(n, scan, &total) - n;
     for (int e = begin; e < end; ++e) {
         const int slot = lists[e];
-        if (slot >= 0 && slot < a.num_slots) {
+        if (range.names(slot)) {
             list.slots[at] = slot;
             list.masks[at] = 1u << (e / width);
             ++at;
