@@ -2,7 +2,7 @@
 656-byte fp8 rows with per-block scales, next to today's bf16 page-1 verify, on the same shapes,
 with the same method as bench/run.py (CUDA-graph replay of K rotated input sets, median / K).
 
-    python -m bench.dsa_rows [--plan-arch sm_120] [--fp8-tiles wgmma:32,3,1] [--out DIR]
+    python -m bench.dsa_rows [--plan-arch sm_120] [--fp8-tiles wgmma:32,3,1] [--dsa-tiles wgmma:32,2,1] [--out DIR]
 
 Prints one table and writes dsa_rows-<device>-<plan>.json to --out (default bench/results).
 """
@@ -29,6 +29,7 @@ FORMATS = [("bf16 page 1", "glm5_sm120", {}),
            ("bf16 page 64", "glm5_sm120", {"page_size": 64}),
            ("fp8 per-tensor page 64", "glm5_fp8_sm120", {"page_size": 64}),  # the same loop without block scales
            ("fp8 656-B rows page 64", "glm5_dsa_fp8_sm120", {})]
+FORMAT_KEYS = ["bf16p1", "bf16p64", "fp8", "dsa"]
 SHAPES = [(1, 131072, 16), (1, 32768, 16), (8, 32768, 64), (1, 4096, 16), (32, 32768, 1), (1, 131072, 1)]  # B, L, T
 L2_ROTATIONS = 4  # the rotated sets' KV together is about this many times L2 (bench/run.py's rule)
 
@@ -65,18 +66,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fp8-tiles", default=None,
                    help="the per-tensor fp8 format's tiling (e.g. wgmma:32,3,1: the wgmma loop over fp8 rows, "
                         "a candidate)")
+    p.add_argument("--dsa-tiles", default=None, help="the 656-B rows' tiling (e.g. wgmma:32,2,1)")
+    p.add_argument("--formats", default=None, help="only these formats (comma-separated: bf16p1, bf16p64, fp8, dsa)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
-    fp8_tiles = designs.parse(args.fp8_tiles) if args.fp8_tiles else None
-    if args.fp8_tiles and fp8_tiles is None:
-        p.error(f"--fp8-tiles {args.fp8_tiles!r} is not a tiling ({designs.text_forms()})")
+    tiling = {}
+    for flag, text in (("--fp8-tiles", args.fp8_tiles), ("--dsa-tiles", args.dsa_tiles)):
+        tiling[flag] = designs.parse(text) if text else None
+        if text and tiling[flag] is None:
+            p.error(f"{flag} {text!r} is not a tiling ({designs.text_forms()})")
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
     rows = []
-    for label, spec_name, cache in FORMATS:
+    for key, (label, spec_name, cache) in zip(FORMAT_KEYS, FORMATS):
+        if args.formats and key not in args.formats.split(","):
+            continue
         spec = spec_of(spec_name, cache)
-        per_tensor_fp8 = spec.cache.kv_dtype != "bfloat16" and not spec.cache.per_block
-        mod = kgen.jit(spec, arch=args.plan_arch, tiles=fp8_tiles if per_tensor_fp8 else None)
+        fp8 = spec.cache.kv_dtype != "bfloat16"
+        tiles = tiling["--dsa-tiles" if spec.cache.per_block else "--fp8-tiles"] if fp8 else None
+        mod = kgen.jit(spec, arch=args.plan_arch, tiles=tiles)
         for b, length, t in SHAPES:
             us = time_shape(mod, b, length, t, device)
             rows.append({"format": label, "spec": mod.spec.name, "plan": mod.plan.tiles.design,
@@ -84,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:24s} {mod.plan.arch.name}/{mod.plan.tiles.design:8s} B={b:<3d} L={length:<7d} T={t:<3d} "
                   f"{us:9.1f} us", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"-fp8_{args.fp8_tiles.replace(':', '_').replace(',', '_')}" if args.fp8_tiles else ""
+    tag = "".join(f"-{what}_{text.replace(':', '_').replace(',', '_')}"
+                  for what, text in (("fp8", args.fp8_tiles), ("dsa", args.dsa_tiles)) if text)
     path = args.out / f"dsa_rows-{name.replace(' ', '_')}-{args.plan_arch or 'own'}{tag}.json"
     path.write_text(json.dumps({"device": name, "plan_arch": args.plan_arch, "rows": rows}, indent=1))
     print(f"wrote {path}")

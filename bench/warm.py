@@ -51,9 +51,9 @@ def jobs(group: str) -> list[tuple[Spec, str, object]]:
         return [(sparse_spec(n), a, None) for n in SPARSE_SPECS for a in ("sm_90", "sm_120")]
     if group == "dsa":
         return [(dsa_backend_spec(k, n), "sm_90", None) for k, n in (("bf16", 4), ("bf16", 16), ("fp8", 16))]
-    from test_attention_gpu import SM90_FP8_SPECS, SM90_FP8_TILINGS
+    from test_attention_gpu import SM90_FP8_CASES
 
-    return [(spec_named(n), "sm_90", designs.parse(t)) for n in SM90_FP8_SPECS for t in SM90_FP8_TILINGS]
+    return [(spec_named(n), "sm_90", designs.parse(t)) for n, t in SM90_FP8_CASES]
 
 
 def warm(job: tuple[Spec, str, object, str, Path]) -> str:

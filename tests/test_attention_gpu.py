@@ -377,15 +377,15 @@ def check_tiling(cuda, seed: int, spec_name: str, arch: str, tiles: str) -> None
         check_ops(mod, inp, f"{spec_name} {tiles} {what}: {describe(spec_name, inp, kind)}")
 
 
-# The wgmma loop over per-tensor fp8 rows (its producer converts them to bf16, exactly): a tuning
-# candidate of the sm_90 plan, not its default, so it runs here; both page sizes, both ring depths.
-SM90_FP8_TILINGS = ["wgmma:32,2,1", "wgmma:32,3,1"]
-SM90_FP8_SPECS = ["glm5_fp8_sm120", "glm5_fp8_p64_sm120"]
+# The wgmma loop over fp8 rows (its producer converts the e4m3 bytes to bf16, exactly): per-tensor
+# rows (both page sizes, both ring depths) and the DSA pool's 656-B rows (per-block scales, in fp32;
+# 2 stages fit), a tuning candidate where it is not the sm_90 plan's default, so it runs here.
+SM90_FP8_CASES = [(spec, tiles) for spec in ("glm5_fp8_sm120", "glm5_fp8_p64_sm120")
+                  for tiles in ("wgmma:32,2,1", "wgmma:32,3,1")] + [("glm5_dsa_fp8_sm120", "wgmma:32,2,1")]
 
 
 @pytest.mark.parametrize("case", range(2))
-@pytest.mark.parametrize("tiles", SM90_FP8_TILINGS)
-@pytest.mark.parametrize("spec_name", SM90_FP8_SPECS)
+@pytest.mark.parametrize("spec_name, tiles", SM90_FP8_CASES)
 def test_the_wgmma_loop_over_fp8_rows_matches_the_reference(cuda, seed, spec_name, tiles, case):
     if torch.cuda.get_device_capability(cuda) != (9, 0):
         pytest.skip("the wgmma loop needs sm_90 (an H100 / H200)")

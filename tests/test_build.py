@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 import kgen
-from kgen import nvrtc
+from kgen import nvrtc, sass
 from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
@@ -65,7 +65,7 @@ SM90_TREE_SPILL_BYTES = 256
 def test_the_sm90_plan_is_its_own_and_compiles_for_sm90a(path, cache):
     spec = kgen.load_spec(path)
     p = plan(spec, "sm_90")
-    wgmma = spec.cache.kv_dtype == "bfloat16"  # fp8 caches keep the mma.sync loop (4 stages)
+    wgmma = spec.cache.mma_type != "e4m3"  # e4m3 MMAs keep the mma.sync loop (4 stages)
     assert p.tiles.design == ("wgmma" if wgmma else "mma_sync")
     built = {b.variant.name: b for b in build(p, ["sm_90"], cache, inspect=True)}
     for name, b in built.items():
@@ -126,7 +126,7 @@ def test_dsa_pool_rows_plan_656_byte_rows_in_three_stages_on_sm120():
     ldmatrix rows need no padding), one P, alpha and 1/l per warp group; 3 stages fit 99 KB."""
     spec = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
     p = plan(spec)
-    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles.design == "mma_sync"  # wgmma fp8: a candidate
+    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles == WgmmaTiles(stages=2)  # the H200's own loop
     kv, s_part, p_bytes, stats, bars = 3 * 32 * 656, 4 * 32 * 40 * 4, 4 * 32 * (32 * 2 + 16), 4 * 2 * 32 * 4, 7 * 8
     assert p.tiles.smem_bytes(spec) == kv + s_part + p_bytes + stats + bars <= SM120_SMEM
     v = p.variant("verify_attn")
@@ -280,16 +280,17 @@ def test_a_kernel_compiles_with_and_is_keyed_by_only_the_headers_it_includes(mon
     assert rendering.included_headers(src)["kgen/common.cuh"] == "// edited"
 
 
-# The wgmma loop over per-tensor fp8 rows (its producer converts each raw tile into the bf16 ring,
-# exactly): a tuning candidate of the sm_90 plan, not its default (bench/NOTES.md v17).
+# The wgmma loop over fp8 rows (its producer converts each raw tile into the bf16 ring, exactly): the
+# sm_90 plan's loop for f16-mode fp8 caches, per-tensor rows in 3 stages, the DSA pool's 656-B rows
+# in 2 (bench/NOTES.md v20).
 
 
-def test_the_wgmma_loop_takes_per_tensor_fp8_rows_as_a_tuning_candidate(tmp_path):
+def test_the_wgmma_loop_takes_per_tensor_fp8_rows_in_three_stages(tmp_path):
     spec = kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml")
     arch = get_arch("sm_90")
-    assert plan(spec, "sm_90").tiles.design == "mma_sync"
+    p = plan(spec, "sm_90")
+    assert p.tiles == WgmmaTiles(stages=3)
     assert wgmma_design.DESIGN.candidates(spec, arch) == [WgmmaTiles(stages=2), WgmmaTiles(stages=3)]
-    p = plan(spec, "sm_90", WgmmaTiles(stages=3))
     layout = p.tiles.layout(spec)
     raw_stage = 32 * 576  # 32 rows of 576 e4m3 bytes, a multiple of 128
     assert layout["RAW_STAGE_BYTES"] == raw_stage and layout["RAW_OFF"] % 128 == 0
@@ -297,14 +298,42 @@ def test_the_wgmma_loop_takes_per_tensor_fp8_rows_as_a_tuning_candidate(tmp_path
     with pytest.raises(PlanError, match="shared memory"):
         plan(spec, "sm_90", WgmmaTiles(stages=4))  # 4 bf16 stages and 2 raw ones do not fit 227 KB
     prefix = p.variant("prefix_attn")
-    assert "32, 3, true, Layout>" in render(prefix)
+    assert "32, 3, true, false, Layout>" in render(prefix)
     [b] = build(p.__class__(p.spec, p.arch, p.tiles, (prefix,), p.budget), ["sm_90"], KernelCache(tmp_path),
                 inspect=True)
     assert b.sass["HGMMA"] > 0 and b.sass["LDGSTS"] > 0 and b.smem_bytes <= arch.smem_per_block
     assert b.report.spill_bytes == 0, b.report  # the producer's conversion fits its 24 registers
-    dsa = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
-    assert wgmma_design.DESIGN.candidates(dsa, arch) == []  # a bf16 ring would round e4m3 x block scale
-    with pytest.raises(PlanError, match="per-tensor fp8"):
-        plan(dsa, "sm_90", WgmmaTiles(stages=3))
+
+
+def test_the_wgmma_loop_takes_the_dsa_pools_rows_with_q_in_shared_memory(tmp_path):
+    """656-B rows: the block scales beside each ring stage, all of Q in shared memory (the consumers'
+    registers hold a second score accumulator and a second P instead), so 2 stages fit; per-block
+    P·V is two m64n128 wgmmas."""
+    spec = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
+    arch = get_arch("sm_90")
+    p = plan(spec, "sm_90")
+    assert p.tiles == WgmmaTiles(stages=2) and wgmma_design.DESIGN.candidates(spec, arch) == [WgmmaTiles(stages=2)]
+    layout = p.tiles.layout(spec)
+    assert layout["Q_REG_STEPS"] == 0 and layout["Q_SLABS"] == 9  # Q's 576 dims, 64 rows
+    assert layout["RAW_STAGE_BYTES"] == 32 * 656  # 32 rows of 656 B, a multiple of 128
+    assert layout["SCALE_OFF"] == layout["RAW_OFF"] + 2 * layout["RAW_STAGE_BYTES"]
+    assert layout["SMEM_BYTES"] == layout["SCALE_OFF"] + 2 * 4 * 32 * 4 + 1024 <= arch.smem_per_block
+    with pytest.raises(PlanError, match="shared memory"):
+        plan(spec, "sm_90", WgmmaTiles(stages=3))
+    prefix = p.variant("prefix_attn")
+    assert "32, 2, true, true, Layout>" in render(prefix)
+    [b] = build(p.__class__(p.spec, p.arch, p.tiles, (prefix,), p.budget), ["sm_90"], KernelCache(tmp_path),
+                inspect=True)
+    assert b.report.spill_bytes == 0, b.report
+    assert b.smem_bytes <= arch.smem_per_block and b.sass["LDGSTS"] > 0
+    ops = set(sass.opcodes(sass.dump(b.cubin)))
+    assert "HGMMA.64x128x16.F32.BF16" in ops and "HGMMA.64x256x16.F32.BF16" not in ops
+
+
+def test_the_wgmma_loop_leaves_e4m3_mmas_to_mma_sync():
+    arch = get_arch("sm_90")
     e4m3 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_mma_e4m3_sm120.yaml")
     assert wgmma_design.DESIGN.candidates(e4m3, arch) == []  # e4m3 MMAs are the mma.sync loop's
+    assert plan(e4m3, "sm_90").tiles.design == "mma_sync"
+    with pytest.raises(PlanError, match=r"bf16 or fp8 \(cache.mma f16\)"):
+        plan(e4m3, "sm_90", WgmmaTiles(stages=3))
