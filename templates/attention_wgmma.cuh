@@ -13,16 +13,18 @@
 //   first Q_REG_STEPS from registers (A operand), the rest from a swizzled copy of those Q dims in
 //   shared memory. Consumer c holds O's value dims [c*DV/2, (c+1)*DV/2) as its accumulator.
 // - Per tile each consumer computes a partial score S_c = Q_c K_c^T (m64n32 wgmmas), the two
-//   exchange partials through shared memory (double-buffered by tile parity), both run the same
-//   online softmax on S_0 + S_1 (so they agree on max and sum without talking), and each adds
+//   exchange partials through shared memory (double-buffered by tile parity; DSA rows: one buffer,
+//   consumer 0 adds and hands back the sums), both run the same online softmax on S_0 + S_1 (so
+//   they agree on max and sum without talking), and each adds
 //   P V_c (m64n256 wgmmas, P from registers, V N-major: the same staged rows).
 // - Software pipelining (wg_consume): tile j's QK is issued, then tile j-1's P·V, which runs on the
 //   tensor cores during tile j's exchange and softmax.
 // - Registers: the producer gives its registers to the consumers (setmaxnreg, 240 each): Q
 //   (4 per register k-step), O (128), scores (16) and P (8); with all of Q in registers ptxas
 //   serializes the wgmmas. Q's smem part costs 2 KB of shared-memory reads per k-step and tile.
-//   DSA rows hold a second score accumulator and a second P instead of Q (all of it in smem), so
-//   only 2 ring stages fit; their loop order frees a stage early (wg_consume).
+//   DSA rows hold a second score accumulator and a second P instead of Q (all of it in smem); 3
+//   ring stages fit beside it because their raw stages hold only the latent (the producer copies
+//   the rope and scales straight into the ring stage) and the score exchange has one buffer.
 // - fp8 rows (KV_FP8): the consumers run on a bf16 ring. The producer copies each tile's raw rows
 //   into one of two raw stages (cp.async, a tile ahead) and converts the e4m3 bytes into the ring,
 //   exactly (e4m3 is a subset of bf16). One kv_scale (per-tensor rows) multiplies the scores and O.
@@ -44,9 +46,9 @@ namespace kgen {
 // kgen/designs/wgmma.py (the planner's budget): the ring of STAGES tiles of STAGE_BYTES (D/64
 // swizzled column blocks of SLAB bytes), Q's shared-memory column blocks at Q_SMEM_OFF (Q_SLABS of
 // Q_SLAB bytes: each consumer's latent dims past its Q_REG_STEPS register k-steps, then the rope),
-// the partial-score exchange at X_OFF ([tile parity][consumer][BM * BN] fp32), the barriers at
-// BAR_OFF, for fp8 rows the two raw stages (RAW_OFF, RAW_STAGE_BYTES each) and, for the DSA pool's
-// rows, each ring stage's block scales (SCALE_OFF, [stage][block][BN] fp32), ALIGN_SLACK to align
+// the partial-score exchange at X_OFF ([tile parity][consumer][BM * BN] fp32; DSA rows: [BM * BN]),
+// the barriers at BAR_OFF, for fp8 rows the two raw stages (RAW_OFF, RAW_STAGE_BYTES each) and, for
+// the DSA pool's rows, each ring stage's block scales (SCALE_OFF, [stage][BN][block] fp32), ALIGN_SLACK to align
 // the base up, SMEM_BYTES in all, and SCRATCH_OFF: the schedule's scratch (free until the first tile).
 template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, bool KV_SCALED_, class Layout>
 struct WgmmaAttnConfig : Layout {
@@ -65,16 +67,18 @@ struct WgmmaAttnConfig : Layout {
     static constexpr int Q_LATENT_SLABS = (WG_DV - 16 * Q_REG_STEPS) / 64;  // a consumer's latent Q column blocks in smem
     static constexpr int BLOCK_STEPS = Row::SCALE_BLOCK / 16;  // k-steps per scale block (DSA rows)
     static constexpr int ROW_CHUNKS = D * 2 / 16;  // 16-byte chunks of a staged (bf16) row
-    static constexpr int RAW_CHUNKS = KV_ROW / 16;  // 16-byte chunks of a cache row
-    static constexpr int E4M3_CHUNKS = (KV_SCALED ? DV : D) / 16;  // those holding e4m3 bytes
+    // A raw stage's rows: the e4m3 bytes the producer converts (DSA rows: the latent; their scales
+    // and rope are copied straight to the ring stage)
+    static constexpr int RAW_ROW = KV_SCALED ? DV : KV_ROW;
+    static constexpr int RAW_CHUNKS = RAW_ROW / 16;
     static constexpr int ROW_THREADS = 128 / BN;   // producer threads per staged row
-    static constexpr int X_FLOATS = BM * BN;  // one consumer's partial scores of a tile
     static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // 128 * 24 + 256 * 240 <= 384 * 168
     static constexpr int EXCHANGE_BAR = 1;  // named barrier of the 256 consumer threads
+    static constexpr int PARTIAL_BAR = 2, SUM_BAR = 3;  // consumer 1's partial scores are in; consumer 0's sums are
 
     static_assert(D - DV == 64 && WG_DV == 256, "the loop is written for 64 rope dims (32 a consumer) and m64n256 P·V");
     static_assert(BN == 32, "QK uses m64n32k16 wgmmas");
-    static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && E4M3_CHUNKS % ROW_THREADS == 0 && KV_ROW % 16 == 0,
+    static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && RAW_CHUNKS % ROW_THREADS == 0 && KV_ROW % 16 == 0,
                   "producer layout");
     static_assert(SLAB == BN * 128 && STAGE_BYTES == (D / 64) * SLAB && STAGE_BYTES % 1024 == 0,
                   "swizzled tiles of 128-byte rows start 1024-byte aligned");
@@ -103,41 +107,47 @@ __device__ __forceinline__ char* stage_chunk(char* stage, int row, int chunk) {
     return stage + (chunk / 8) * C::SLAB + sw128_offset(row, chunk % 8);
 }
 
-// A raw stage holds BN rows as the cache stores them. Producer thread `sub` of row `row` copies the
-// row's 16-byte chunks sub, sub + ROW_THREADS, ... into it and converts the same chunks, so every
-// raw byte a producer thread reads it copied itself and the producers never wait for each other.
+// A raw stage holds BN rows of e4m3 bytes. Producer thread `sub` of row `row` copies the row's
+// 16-byte chunks sub, sub + ROW_THREADS, ... into it and converts the same chunks, so every raw
+// byte a producer thread reads it copied itself and the producers never wait for each other.
 // (src is made opaque first: otherwise the compiler folds the row's slot * KV_ROW into every
 // chunk's address, keeps a 64-bit offset per chunk live and spills the producer.)
 template <class C>
 __device__ __forceinline__ void copy_raw_row(char* raw_stage, const char* src, int row, int sub) {
-    char* raw = raw_stage + row * C::KV_ROW + sub * 16;
+    char* raw = raw_stage + row * C::RAW_ROW + sub * 16;
     src += sub * 16;
     asm("" : "+l"(src));  // then constant offsets: one address a row
 #pragma unroll
-    for (int i = 0; i < (C::RAW_CHUNKS + C::ROW_THREADS - 1) / C::ROW_THREADS; ++i)
-        if (sub + i * C::ROW_THREADS < C::RAW_CHUNKS) cp_async16(raw + i * C::ROW_THREADS * 16, src + i * C::ROW_THREADS * 16);
+    for (int i = 0; i < C::RAW_CHUNKS / C::ROW_THREADS; ++i)
+        cp_async16(raw + i * C::ROW_THREADS * 16, src + i * C::ROW_THREADS * 16);
 }
 
-// The e4m3 chunks into the ring as bf16; a DSA row's scale chunk into the stage's scales
-// ([block][BN]) and its rope chunks into the ring as they are.
+// A ring stage's block scales (DSA rows): [BN][4] fp32, each key's as its row stores them.
 template <class C>
-__device__ __forceinline__ void convert_row(const char* raw_stage, char* stage, float* scales, int row, int sub) {
-    const char* raw = raw_stage + row * C::KV_ROW;
-    if constexpr (C::KV_SCALED) {
-        constexpr int SCALE_CHUNK = C::Row::SCALE_OFF / 16, ROPE_CHUNK = C::Row::ROPE_OFF / 16;
-#pragma unroll 1
-        for (int c = C::E4M3_CHUNKS + sub; c < C::RAW_CHUNKS; c += C::ROW_THREADS) {
-            const uint4 v = *reinterpret_cast<const uint4*>(raw + c * 16);
-            if (c == SCALE_CHUNK) {
-                scales[0 * C::BN + row] = __uint_as_float(v.x); scales[1 * C::BN + row] = __uint_as_float(v.y);
-                scales[2 * C::BN + row] = __uint_as_float(v.z); scales[3 * C::BN + row] = __uint_as_float(v.w);
-            } else {
-                *reinterpret_cast<uint4*>(stage_chunk<C>(stage, row, C::DV / 8 + c - ROPE_CHUNK)) = v;
-            }
-        }
-    }
+__device__ __forceinline__ float* stage_scales(char* smem, int stage) {
+    return reinterpret_cast<float*>(smem + C::SCALE_OFF) + stage * C::BN * (C::DV / C::Row::SCALE_BLOCK);
+}
+
+// DSA rows: the rest of the row straight into ring stage `stage`: its bf16 rope chunks to their
+// place (thread sub takes chunks sub, sub + ROW_THREADS, ...) and, by thread 0 of the row, its
+// 4 block scales.
+template <class C>
+__device__ __forceinline__ void copy_row_rest(char* smem, int stage, const char* src, int row, int sub) {
+    constexpr int ROPE_CHUNKS = (C::D - C::DV) * 2 / 16;
+    static_assert(ROPE_CHUNKS % C::ROW_THREADS == 0, "rope chunks per producer thread");
+    char* dst = smem + stage * C::STAGE_BYTES;
+#pragma unroll
+    for (int k = sub; k < ROPE_CHUNKS; k += C::ROW_THREADS)
+        cp_async16(stage_chunk<C>(dst, row, C::DV / 8 + k), src + C::Row::ROPE_OFF + k * 16);
+    if (sub == 0) cp_async16(stage_scales<C>(smem, stage) + row * 4, src + C::Row::SCALE_OFF);
+}
+
+// The e4m3 chunks of a raw row into the ring as bf16.
+template <class C>
+__device__ __forceinline__ void convert_row(const char* raw_stage, char* stage, int row, int sub) {
+    const char* raw = raw_stage + row * C::RAW_ROW;
 #pragma unroll 2  // two chunks in flight: the conversion's latency is what the consumers wait for
-    for (int c = sub; c < C::E4M3_CHUNKS; c += C::ROW_THREADS) {
+    for (int c = sub; c < C::RAW_CHUNKS; c += C::ROW_THREADS) {
         const uint4 v = *reinterpret_cast<const uint4*>(raw + c * 16);
         const uint2 a = e4m3x4_to_bf16x4(v.x), b = e4m3x4_to_bf16x4(v.y);
         const uint2 d = e4m3x4_to_bf16x4(v.z), e = e4m3x4_to_bf16x4(v.w);
@@ -146,32 +156,32 @@ __device__ __forceinline__ void convert_row(const char* raw_stage, char* stage, 
     }
 }
 
-// A ring stage's block scales (DSA rows): [block][BN] fp32.
-template <class C>
-__device__ __forceinline__ float* stage_scales(char* smem, int stage) {
-    return reinterpret_cast<float*>(smem + C::SCALE_OFF) + stage * (C::DV / C::Row::SCALE_BLOCK) * C::BN;
-}
-
 // The producer over fp8 rows: tile t + 1's raw rows are copied while tile t is converted into the
 // ring stage the consumers freed; fenced for wgmma's reads (async proxy), then the thread arrives.
+// DSA rows: once the stage is free the rest of tile t's rows is copied into it, and a cp.async
+// arrival on the stage's barrier (tracking those copies, issued before tile t + 1's) counts too.
 template <class C, class Keys>
 __device__ __forceinline__ void wg_produce_fp8(char* smem, int& ring_pos, const Keys& keys, int num_keys,
                                                int tile_begin, int tile_end) {
     if (tile_begin >= tile_end) return;
     const int row = threadIdx.x / C::ROW_THREADS, sub = threadIdx.x % C::ROW_THREADS;
     auto raw_stage = [&](int tile) { return smem + C::RAW_OFF + (tile % 2) * C::RAW_STAGE_BYTES; };
-    auto copy = [&](int tile) {
+    auto src = [&](int tile) {
         const PendingRow p = fetch_row<C::BN>(tile, row, num_keys, keys);
-        copy_raw_row<C>(raw_stage(tile), keys.row(p.j, p.fetched), row, sub);
+        return keys.row(p.j, p.fetched);
     };
-    copy(tile_begin);
+    copy_raw_row<C>(raw_stage(tile_begin), src(tile_begin), row, sub);
     for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
         cp_async_wait_all();  // this thread's copies of tile
-        if (tile + 1 < tile_end) copy(tile + 1);
+        if constexpr (!C::KV_SCALED)
+            if (tile + 1 < tile_end) copy_raw_row<C>(raw_stage(tile + 1), src(tile + 1), row, sub);
         const int stage = ring_wait_free<C>(smem, ring_pos);
-        float* scales = nullptr;
-        if constexpr (C::KV_SCALED) scales = stage_scales<C>(smem, stage);
-        convert_row<C>(raw_stage(tile), smem + stage * C::STAGE_BYTES, scales, row, sub);
+        if constexpr (C::KV_SCALED) {  // the row's address again (its page id is in L1): fewer live registers
+            copy_row_rest<C>(smem, stage, src(tile), row, sub);
+            cp_async_arrive(ring_full<C>(smem, stage));
+            if (tile + 1 < tile_end) copy_raw_row<C>(raw_stage(tile + 1), src(tile + 1), row, sub);
+        }
+        convert_row<C>(raw_stage(tile), smem + stage * C::STAGE_BYTES, row, sub);
         fence_async_shared();
         mbar_arrive(ring_full<C>(smem, stage));
     }
@@ -355,11 +365,10 @@ __device__ __forceinline__ void wg_issue_qk(char* smem, const WgConsumer<C>& st,
     wgmma_commit();
 }
 
-// DSA rows: consumer c's scale blocks are 2c and 2c + 1; the thread's keys 8i + 2t, 8i + 2t + 1
-// have their block-b scales at scales[(2c + b) * BN + 8i + 2t].
+// DSA rows: consumer c's scale blocks are 2c and 2c + 1: (scale_2c, scale_2c+1) of key `key`.
 template <class C>
-__device__ __forceinline__ float2 key_scales(const float* scales, int c, int b, int i, int t) {
-    return *reinterpret_cast<const float2*>(scales + (2 * c + b) * C::BN + 8 * i + 2 * t);
+__device__ __forceinline__ float2 key_scales(const float* scales, int c, int key) {
+    return *reinterpret_cast<const float2*>(scales + key * (C::DV / C::Row::SCALE_BLOCK) + 2 * c);
 }
 
 // DSA rows, once the blocks' scores are in (nothing in flight): s = scale_0(key) * s +
@@ -373,13 +382,13 @@ __device__ __forceinline__ void fold_blocks(char* smem, const WgConsumer<C>& st,
     const float* scales = stage_scales<C>(smem, stage);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const float2 k0 = key_scales<C>(scales, w.c, 0, i, w.t), k1 = key_scales<C>(scales, w.c, 1, i, w.t);
+        const float2 k0 = key_scales<C>(scales, w.c, 8 * i + 2 * w.t), k1 = key_scales<C>(scales, w.c, 8 * i + 2 * w.t + 1);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float* s = sc.s + 4 * i + 2 * h;
             const float* b = sc.blk + 4 * i + 2 * h;
-            s[0] = fmaf(k1.x, b[0], k0.x * s[0]);
-            s[1] = fmaf(k1.y, b[1], k0.y * s[1]);
+            s[0] = fmaf(k0.y, b[0], k0.x * s[0]);
+            s[1] = fmaf(k1.y, b[1], k1.x * s[1]);
         }
     }
     wgmma_fence();  // s is written by the rope's wgmmas now
@@ -424,18 +433,46 @@ __device__ __forceinline__ void wg_softmax(char* smem, WgConsumer<C>& st, int po
                                            float (&alpha)[2], int num_keys, const Visible& visible, float scale_log2) {
     const WgCoords w = WgCoords::of();
     float (&s)[16] = sc.s;
-    float* exchange = reinterpret_cast<float*>(smem + C::X_OFF);
-    float* mine = exchange + ((pos & 1) * 2 + w.c) * C::X_FLOATS;
-    const float* theirs = exchange + ((pos & 1) * 2 + 1 - w.c) * C::X_FLOATS;
-    const int wg_thread = threadIdx.x % 128;
+    if constexpr (C::KV_SCALED) {
+        // One buffer of BM * BN floats (shared memory is short), a thread its own 16 slots:
+        // consumer 1 leaves its partial scores, consumer 0 adds them to its own and leaves the sums,
+        // which consumer 1 reads.
+        float4* x = reinterpret_cast<float4*>(smem + C::X_OFF) + threadIdx.x % 128;
+        if (w.c == 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<float4*>(mine + (i * 128 + wg_thread) * 4) = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
-    named_barrier(C::EXCHANGE_BAR, 256);
+            for (int i = 0; i < 4; ++i) x[i * 128] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+            named_arrive(C::PARTIAL_BAR, 256);
+            named_barrier(C::SUM_BAR, 256);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float4 v = *reinterpret_cast<const float4*>(theirs + (i * 128 + wg_thread) * 4);
-        s[4 * i] += v.x; s[4 * i + 1] += v.y; s[4 * i + 2] += v.z; s[4 * i + 3] += v.w;
+            for (int i = 0; i < 4; ++i) {
+                const float4 v = x[i * 128];
+                s[4 * i] = v.x; s[4 * i + 1] = v.y; s[4 * i + 2] = v.z; s[4 * i + 3] = v.w;
+            }
+        } else {
+            named_barrier(C::PARTIAL_BAR, 256);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 v = x[i * 128];
+                s[4 * i] += v.x; s[4 * i + 1] += v.y; s[4 * i + 2] += v.z; s[4 * i + 3] += v.w;
+                x[i * 128] = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+            }
+            named_arrive(C::SUM_BAR, 256);
+        }
+    } else {
+        // [tile parity][consumer][BM * BN]: each consumer writes its partial and adds the other's.
+        float* exchange = reinterpret_cast<float*>(smem + C::X_OFF);
+        float* mine = exchange + ((pos & 1) * 2 + w.c) * C::BM * C::BN;
+        const float* theirs = exchange + ((pos & 1) * 2 + 1 - w.c) * C::BM * C::BN;
+        const int wg_thread = threadIdx.x % 128;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            *reinterpret_cast<float4*>(mine + (i * 128 + wg_thread) * 4) = make_float4(s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]);
+        named_barrier(C::EXCHANGE_BAR, 256);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float4 v = *reinterpret_cast<const float4*>(theirs + (i * 128 + wg_thread) * 4);
+            s[4 * i] += v.x; s[4 * i + 1] += v.y; s[4 * i + 2] += v.z; s[4 * i + 3] += v.w;
+        }
     }
     // Keys past the range and keys a row does not see score -inf (whole prefix tiles skip the test).
     if (!(Visible::ALL && (tile + 1) * C::BN <= num_keys)) {
@@ -487,14 +524,15 @@ __device__ __forceinline__ void wg_rescale_and_pack(char* smem, WgConsumer<C>& s
         const WgCoords w = WgCoords::of();
         const float* scales = stage_scales<C>(smem, pos % C::STAGES);
 #pragma unroll
-        for (int b = 0; b < 2; ++b)
+        for (int kk = 0; kk < C::BN / 16; ++kk)
 #pragma unroll
-            for (int kk = 0; kk < C::BN / 16; ++kk)
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const float2 sc = key_scales<C>(scales, w.c, b, 2 * kk + k / 2, w.t);
-                    pf[b][kk][k] = pack_bf16x2(s[8 * kk + 2 * k] * sc.x, s[8 * kk + 2 * k + 1] * sc.y);
-                }
+            for (int k = 0; k < 4; ++k) {
+                const int key = 8 * (2 * kk + k / 2) + 2 * w.t;
+                const float2 k0 = key_scales<C>(scales, w.c, key), k1 = key_scales<C>(scales, w.c, key + 1);
+                const float p0 = s[8 * kk + 2 * k], p1 = s[8 * kk + 2 * k + 1];
+                pf[0][kk][k] = pack_bf16x2(p0 * k0.x, p1 * k1.x);
+                pf[1][kk][k] = pack_bf16x2(p0 * k0.y, p1 * k1.y);
+            }
     } else {
 #pragma unroll
         for (int kk = 0; kk < C::BN / 16; ++kk)
@@ -508,10 +546,10 @@ __device__ __forceinline__ void wg_rescale_and_pack(char* smem, WgConsumer<C>& s
 // under tile j's exchange and softmax. The first tile is peeled so every wgmma in the loop is
 // issued unconditionally (a wgmma under a runtime branch makes the compiler merge accumulator
 // registers with moves, and ptxas then serializes all wgmmas).
-// DSA rows: their ring has 2 stages (Q fills shared memory), and a stage freed after tile j's
-// softmax would leave the producer no time to convert tile j + 1 into it. So tile j-1's P·V is
-// issued first, before tile j's stage is waited for, and its stage is released as soon as tile j's
-// block scores are in; P·V then runs under the producer's wait and tile j's Q·K, not its softmax.
+// DSA rows wait for tile j's block scores before folding them, which waits for whatever was issued
+// before: so tile j-1's P·V is issued first, before tile j's stage is waited for, and its stage is
+// released as soon as tile j's block scores are in (the producer gets it a softmax earlier); P·V
+// runs under the producer's wait and tile j's Q·K, not its softmax.
 template <class C, class Visible>
 __device__ __forceinline__ void wg_consume(char* smem, WgConsumer<C>& st, int& ring_pos, int num_keys,
                                            const Visible& visible, int tile_begin, int tile_end, float scale_log2) {
@@ -594,7 +632,8 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
     constexpr bool PER_TENSOR = C::KV_FP8 && !C::KV_SCALED;
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
     if (threadIdx.x == 0) {
-        ring_init<C>(smem, 128, C::CONSUMER_WARPS);  // every producer thread's copies; every consumer warp
+        // every producer thread's conversion (DSA rows: and its cp.async arrival); every consumer warp
+        ring_init<C>(smem, C::KV_SCALED ? 2 * 128 : 128, C::CONSUMER_WARPS);
         mbar_init_fence();
     }
     __syncthreads();

@@ -96,6 +96,11 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrive at barrier `id` without waiting (its other side waits with named_barrier).
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- tensor-core fragments (mma.sync, fp32 accumulate) ----
 
 // Four 8x8 b16 matrices; lane i supplies the row address of matrix i / 8.

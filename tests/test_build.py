@@ -126,7 +126,7 @@ def test_dsa_pool_rows_plan_656_byte_rows_in_three_stages_on_sm120():
     ldmatrix rows need no padding), one P, alpha and 1/l per warp group; 3 stages fit 99 KB."""
     spec = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
     p = plan(spec)
-    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles == WgmmaTiles(stages=2)  # the H200's own loop
+    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles == WgmmaTiles(stages=3)  # the H200's own loop
     kv, s_part, p_bytes, stats, bars = 3 * 32 * 656, 4 * 32 * 40 * 4, 4 * 32 * (32 * 2 + 16), 4 * 2 * 32 * 4, 7 * 8
     assert p.tiles.smem_bytes(spec) == kv + s_part + p_bytes + stats + bars <= SM120_SMEM
     v = p.variant("verify_attn")
@@ -307,21 +307,23 @@ def test_the_wgmma_loop_takes_per_tensor_fp8_rows_in_three_stages(tmp_path):
 
 def test_the_wgmma_loop_takes_the_dsa_pools_rows_with_q_in_shared_memory(tmp_path):
     """656-B rows: the block scales beside each ring stage, all of Q in shared memory (the consumers'
-    registers hold a second score accumulator and a second P instead), so 2 stages fit; per-block
-    P·V is two m64n128 wgmmas."""
+    registers hold a second score accumulator and a second P instead), raw stages of the latent only
+    and one score-exchange buffer, so 3 stages fit; per-block P·V is two m64n128 wgmmas."""
     spec = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
     arch = get_arch("sm_90")
     p = plan(spec, "sm_90")
-    assert p.tiles == WgmmaTiles(stages=2) and wgmma_design.DESIGN.candidates(spec, arch) == [WgmmaTiles(stages=2)]
+    assert p.tiles == WgmmaTiles(stages=3)
+    assert wgmma_design.DESIGN.candidates(spec, arch) == [WgmmaTiles(stages=2), WgmmaTiles(stages=3)]
     layout = p.tiles.layout(spec)
     assert layout["Q_REG_STEPS"] == 0 and layout["Q_SLABS"] == 9  # Q's 576 dims, 64 rows
-    assert layout["RAW_STAGE_BYTES"] == 32 * 656  # 32 rows of 656 B, a multiple of 128
+    assert layout["BAR_OFF"] - layout["X_OFF"] == 64 * 32 * 4  # one tile's scores
+    assert layout["RAW_STAGE_BYTES"] == 32 * 512  # the latent of 32 rows
     assert layout["SCALE_OFF"] == layout["RAW_OFF"] + 2 * layout["RAW_STAGE_BYTES"]
-    assert layout["SMEM_BYTES"] == layout["SCALE_OFF"] + 2 * 4 * 32 * 4 + 1024 <= arch.smem_per_block
+    assert layout["SMEM_BYTES"] == layout["SCALE_OFF"] + 3 * 32 * 4 * 4 + 1024 <= arch.smem_per_block
     with pytest.raises(PlanError, match="shared memory"):
-        plan(spec, "sm_90", WgmmaTiles(stages=3))
+        plan(spec, "sm_90", WgmmaTiles(stages=4))
     prefix = p.variant("prefix_attn")
-    assert "32, 2, true, true, Layout>" in render(prefix)
+    assert "32, 3, true, true, Layout>" in render(prefix)
     [b] = build(p.__class__(p.spec, p.arch, p.tiles, (prefix,), p.budget), ["sm_90"], KernelCache(tmp_path),
                 inspect=True)
     assert b.report.spill_bytes == 0, b.report

@@ -54,16 +54,18 @@ class WgmmaTiles:
         stage_bytes = (m.head_dim // 64) * slab
         q_off = self.stages * stage_bytes
         x_off = q_off + q_slabs * q_slab
-        bar_off = x_off + 4 * BM * self.bn * 4
+        # the score exchange: [tile parity][consumer][BM x BN] fp32; DSA rows: one BM x BN buffer
+        bar_off = x_off + (1 if spec.cache.per_block else 4) * BM * self.bn * 4
         end = bar_off + 2 * self.stages * 8
         layout = {"Q_REG_STEPS": q_reg_steps, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                   "Q_SMEM_OFF": q_off, "Q_SLAB": q_slab, "X_OFF": x_off, "BAR_OFF": bar_off}
-        if spec.cache.kv_dtype != "bfloat16":  # two raw stages of fp8 rows
-            raw_stage = -(-(self.bn * kvrows.row_bytes(spec)) // 128) * 128
+        if spec.cache.kv_dtype != "bfloat16":  # two raw stages of e4m3 bytes (DSA rows: their latent)
+            raw_row = m.value_dim if spec.cache.per_block else kvrows.row_bytes(spec)
+            raw_stage = -(-(self.bn * raw_row) // 128) * 128
             end = -(-end // 128) * 128
             layout.update(RAW_OFF=end, RAW_STAGE_BYTES=raw_stage)
             end += 2 * raw_stage
-        if spec.cache.per_block:  # each ring stage's block scales, [block][BN] fp32
+        if spec.cache.per_block:  # each ring stage's block scales, [BN][block] fp32
             layout.update(SCALE_OFF=end)
             end += self.stages * SCALE_BLOCKS * self.bn * 4
         # the schedule's scratch: the exchange is free until the first tile
