@@ -96,10 +96,11 @@ class Wgmma(Design):
     modeled = True
 
     def choose(self, spec: Spec, arch: Arch) -> WgmmaTiles:
-        """The deepest ring that fits (bf16 rows: 4 stages; per-tensor fp8: 3 beside the raw
-        stages; the DSA pool's rows: 2, Q filling shared memory), where the spec allows the loop.
-        Over fp8 rows it beats mma.sync by 1.4-1.8x at long prefixes and trees and loses up to 12%
-        at decode and short prefixes (bench/NOTES.md v20); a tuned table can pick per bucket."""
+        """The deepest ring that fits (bf16 rows: 4 stages; fp8 rows: 3 beside the raw stages, the
+        DSA pool's with all of Q in shared memory), where the spec allows the loop. Over fp8 rows
+        it beats mma.sync by 1.4-1.8x at long prefixes and trees; per-tensor rows lose up to 12% at
+        decode and short prefixes, which their tuned table leaves to mma.sync (bench/NOTES.md v20,
+        v20b)."""
         check(spec.cache.mma_type in ("bf16", "f16"),
               f"{spec.name}: e4m3 MMAs (cache.mma e4m3) are the mma.sync loop's")
         for stages in (4, 3):
@@ -112,8 +113,7 @@ class Wgmma(Design):
             return [WgmmaTiles(stages=s) for s in (3, 4)]
         if spec.cache.mma_type != "f16":  # e4m3 MMAs keep mma.sync
             return []
-        # e4m3 bytes, exact in bf16 (per-tensor or per-block scales); the DSA rows' Q in shared
-        # memory leaves room for 2 stages only
+        # e4m3 bytes, exact in bf16 (per-tensor or per-block scales)
         return [t for t in (WgmmaTiles(stages=s) for s in (2, 3)) if t.smem_bytes(spec) <= arch.smem_per_block]
 
     def tile_work(self, spec: Spec, tiles: WgmmaTiles, loop: Counter) -> TileWork:
