@@ -83,6 +83,20 @@ def test_the_wgmma_loop_counts_warpgroup_mmas_and_their_shared_operands():
     assert cycles["tensor"] == pytest.approx(2 * 64 * 32 * 1088 / (775e12 / (132 * 1.755e9)), rel=0.01)
 
 
+def test_the_wgmma_loop_over_fp8_rows_adds_the_producers_conversion_once():
+    """The producer reads each raw tile back (BN rows of e4m3 bytes) and writes it to the ring in
+    bf16, once per tile: (32 x 576 + 32 x 576 x 2) / 128 wavefronts more than the bf16 rows' tile,
+    whose cp.async staging moves twice the raw bytes; one conversion lane per e4m3 element."""
+    from kgen.designs import wgmma as wgmma_design
+
+    tiles, empty = wgmma_design.WgmmaTiles(stages=3), Counter()  # no consumer instructions: the design's own terms
+    bf16 = wgmma_design.DESIGN.tile_work(spec("glm5_sm120"), tiles, empty)
+    fp8 = wgmma_design.DESIGN.tile_work(spec("glm5_fp8_sm120"), tiles, empty)
+    raw, ring = 32 * 576, 32 * 576 * 2
+    assert fp8.smem_wavefronts - bf16.smem_wavefronts == pytest.approx((raw + ring) / 128 + (raw - ring) / 128)
+    assert fp8.convert_lanes == raw and bf16.convert_lanes == 0
+
+
 def test_a_design_without_its_own_fit_uses_the_row_block_loops_terms(tmp_path, monkeypatch):
     data = json.loads(model.CALIBRATION_FILE.read_text())
     data["designs"] = {"overlap": {"overlap": 0.5, "barrier_cycles": 10.0}}

@@ -137,7 +137,7 @@ class Wgmma(Design):
         # FP8_PRODUCER_OPS instructions per element, on the producer's 4 warps (one per sub-partition);
         # a DSA row's e4m3 bytes are its latent dims
         e4m3 = tiles.bn * (m.value_dim if spec.cache.per_block else m.head_dim)
-        return replace(work, smem_wavefronts=work.smem_wavefronts + tiles.bn * (e4m3 + m.head_dim * 2) / 128,
+        return replace(work, smem_wavefronts=work.smem_wavefronts + (e4m3 + tiles.bn * m.head_dim * 2) / 128,
                        convert_lanes=work.convert_lanes + e4m3, issue=work.issue + e4m3 * FP8_PRODUCER_OPS / 32 / 4)
 
 
