@@ -24,12 +24,11 @@ from kgen.inputs import make_verify_inputs
 from kgen.timing import time_rotation
 
 ROOT = Path(__file__).resolve().parents[1]
-# (label, shipped spec, cache fields changed)
-FORMATS = [("bf16 page 1", "glm5_sm120", {}),
-           ("bf16 page 64", "glm5_sm120", {"page_size": 64}),
-           ("fp8 per-tensor page 64", "glm5_fp8_sm120", {"page_size": 64}),  # the same loop without block scales
-           ("fp8 656-B rows page 64", "glm5_dsa_fp8_sm120", {})]
-FORMAT_KEYS = ["bf16p1", "bf16p64", "fp8", "dsa"]
+# --formats key -> (label, shipped spec, cache fields changed)
+FORMATS = {"bf16p1": ("bf16 page 1", "glm5_sm120", {}),
+           "bf16p64": ("bf16 page 64", "glm5_sm120", {"page_size": 64}),
+           "fp8": ("fp8 per-tensor page 64", "glm5_fp8_sm120", {"page_size": 64}),  # the same loop without block scales
+           "dsa": ("fp8 656-B rows page 64", "glm5_dsa_fp8_sm120", {})}
 SHAPES = [(1, 131072, 16), (1, 32768, 16), (8, 32768, 64), (1, 4096, 16), (32, 32768, 1), (1, 131072, 1)]  # B, L, T
 L2_ROTATIONS = 4  # the rotated sets' KV together is about this many times L2 (bench/run.py's rule)
 
@@ -67,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the per-tensor fp8 format's tiling (e.g. wgmma:32,3,1: the wgmma loop over fp8 rows, "
                         "a candidate)")
     p.add_argument("--dsa-tiles", default=None, help="the 656-B rows' tiling (e.g. wgmma:32,2,1)")
-    p.add_argument("--formats", default=None, help="only these formats (comma-separated: bf16p1, bf16p64, fp8, dsa)")
+    p.add_argument("--formats", default=",".join(FORMATS),
+                   help=f"only these formats, comma-separated (default: all of {', '.join(FORMATS)})")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     tiling = {}
@@ -75,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
         tiling[flag] = designs.parse(text) if text else None
         if text and tiling[flag] is None:
             p.error(f"{flag} {text!r} is not a tiling ({designs.text_forms()})")
+    formats = args.formats.split(",")
+    if unknown := [f for f in formats if f not in FORMATS]:
+        p.error(f"--formats: unknown {', '.join(unknown)} (known: {', '.join(FORMATS)})")
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
     rows = []
-    for key, (label, spec_name, cache) in zip(FORMAT_KEYS, FORMATS):
-        if args.formats and key not in args.formats.split(","):
-            continue
+    for label, spec_name, cache in (FORMATS[f] for f in formats):
         spec = spec_of(spec_name, cache)
         fp8 = spec.cache.kv_dtype != "bfloat16"
         tiles = tiling["--dsa-tiles" if spec.cache.per_block else "--fp8-tiles"] if fp8 else None

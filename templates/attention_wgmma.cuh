@@ -424,9 +424,10 @@ __device__ __forceinline__ void wg_issue_pv(WgConsumer<C>& st, const WgDescs& d,
     wgmma_commit();
 }
 
-// The scores of ring position `pos` (key tile `tile`): exchange the partials with the other consumer (same thread, same positions in both) and add
-// them — a + b is order independent, so both consumers hold bit-identical scores — then the
-// online softmax (base 2) of rows g (h = 0) and g + 8 (h = 1): s[4i + 2h + e] (key 8i + 2t + e)
+// The scores of ring position `pos` (key tile `tile`): exchange the partials with the other
+// consumer (same thread, same positions in both) and add them — a + b is order independent (DSA
+// rows: consumer 0 adds, both take its sums), so both consumers hold bit-identical scores — then
+// the online softmax (base 2) of rows g (h = 0) and g + 8 (h = 1): s[4i + 2h + e] (key 8i + 2t + e)
 // becomes its probability, alpha[h] the factor the row's O and sum are rescaled by.
 template <class C, class Visible>
 __device__ __forceinline__ void wg_softmax(char* smem, WgConsumer<C>& st, int pos, int tile, WgScores<C>& sc,
@@ -519,7 +520,8 @@ __device__ __forceinline__ void wg_rescale_and_pack(char* smem, WgConsumer<C>& s
             st.o_at(4 * j + 2) *= alpha[1]; st.o_at(4 * j + 3) *= alpha[1];
         }
     }
-    // s[8kk + 2k], s[8kk + 2k + 1]: keys 8i + 2t, 8i + 2t + 1 with i = 2kk + k / 2
+    // s[8kk + 2k], s[8kk + 2k + 1]: keys 8i + 2t, 8i + 2t + 1 with i = 2kk + k / 2. DSA rows: the
+    // keys' scales again from shared memory, as fold_blocks read them (registers are short)
     if constexpr (C::KV_SCALED) {
         const WgCoords w = WgCoords::of();
         const float* scales = stage_scales<C>(smem, pos % C::STAGES);

@@ -17,7 +17,7 @@ from .. import kvrows
 from .base import Design, TileWork, _mma, check, fitting, render_config, tile_work_from_loop
 BM = 64  # packed rows per CTA: one m64 wgmma
 # k16 steps of Q·K per consumer with Q in registers (A operand); the rest read smem. The DSA pool's
-# rows hold two more score accumulators and a second P (32 + 8 registers): Q gives up 4 steps.
+# rows hold a second score accumulator and a second P (16 + 8 registers): all of Q goes to smem.
 Q_REG_STEPS = 12
 Q_REG_STEPS_SCALED = 0
 SLAB_ROW = 128  # bytes of one row of a 64-dim bf16 column block (the 128-byte swizzle)
