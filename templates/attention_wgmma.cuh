@@ -291,13 +291,18 @@ __device__ __forceinline__ void wg_begin(char* smem, WgConsumer<C>& st, const QR
         st.qf[ks][2] = __ldg(reinterpret_cast<const unsigned*>(lo + d + 16));
         st.qf[ks][3] = __ldg(reinterpret_cast<const unsigned*>(hi + d + 16));
     }
+    // Q's smem part by cp.async, all of a thread's chunks in flight at once (through registers it
+    // took one load's latency per chunk: 7% of the DSA rows' consumer samples), through L1 (a decode
+    // tile's padding rows repeat its one real row: bench/NOTES.md v21).
     constexpr int Q_CHUNKS = C::BM * C::Q_SLABS * 8;  // 16-byte chunks of Q's smem part, 8 a column block row
+    static_assert(Q_CHUNKS % 256 == 0, "every consumer thread copies as many of Q's chunks");
+#pragma unroll
     for (int i = threadIdx.x - 128; i < Q_CHUNKS; i += 256) {
         const int row = i % C::BM, chunk = i / C::BM, slab = chunk / 8;
         const char* src = q_rows.row(min(row, num_rows - 1), 0) + (q_slab_dim0<C>(slab) + (chunk % 8) * 8) * 2;
-        *reinterpret_cast<uint4*>(smem + C::Q_SMEM_OFF + slab * C::Q_SLAB + sw128_offset(row, chunk % 8)) =
-            __ldg(reinterpret_cast<const uint4*>(src));
+        cp_async16_l1(smem + C::Q_SMEM_OFF + slab * C::Q_SLAB + sw128_offset(row, chunk % 8), src);
     }
+    cp_async_wait_all();
     fence_async_shared();  // Q's smem part is read by wgmma (async proxy)
     named_barrier(C::EXCHANGE_BAR, 256);
 #pragma unroll

@@ -43,6 +43,11 @@ __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
+// The same through L1 (.ca): for rows read more than once by a CTA (a tile's padding rows repeat
+// its last query row; through L2 alone, 132 CTAs' repeats of one row serialize there).
+__device__ __forceinline__ void cp_async16_l1(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
 // Arrive on `bar` once every cp.async this thread issued so far has landed (counts as one of the
 // barrier's expected arrivals).
 __device__ __forceinline__ void cp_async_arrive(mbarrier* bar) {
