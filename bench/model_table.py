@@ -3,8 +3,9 @@ the validation table and the sm_120 predictions.
 
     python -m bench.model_table MEASUREMENTS.json [...] [--fit] [--spec NAME=PATH ...]
 
-MEASUREMENTS are bench.model_validate outputs (plan variants x shapes, maybe ncu counters) or
-bench.run results (the grid, with the spec's sm_120 plan). Both were measured on an H200: each
+MEASUREMENTS are bench.model_validate outputs (plan variants x shapes, maybe ncu counters),
+bench.run results (the grid, with the spec's sm_120 plan) or bench.dsa_rows results (the sm_90
+plan's loops over each row format, tree keys as stored). All were measured on an H200: each
 row is modeled on sm_90 with the plan it ran. --spec maps a bench.run spec name to the spec file
 that now describes what ran (the fp8 runs of 2026-11-29 ran e4m3 MMAs: glm5_fp8_sm120 =
 specs/glm5_fp8_mma_e4m3_sm120.yaml). --fit refits the calibration (each variant weighs the same:
@@ -68,6 +69,9 @@ def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
     for path in paths:
         data = json.loads(path.read_text())
         for r in data["rows"]:
+            if "format" in r:  # bench.dsa_rows: the GPU's own plan, tree keys passed as the pool stores them
+                rows.append(dsa_row(r, path))
+                continue
             shape = Shape(r["H"], r["T"], r["L"], r["B"], r["page_size"])
             if "variant" in r:  # bench.model_validate
                 spec, variant = kgen.load_spec(ROOT / r["spec_path"]), r["variant"]
@@ -84,6 +88,21 @@ def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
                          "tiles": tiles, "shape": shape, "shape_name": r.get("shape"), "us": r["us"],
                          "ncu": r.get("ncu")})
     return rows
+
+
+def dsa_row(r: dict, path: Path) -> dict:
+    """A bench.dsa_rows row (its spec rebuilt from the format's label; it ran the heuristic plan of
+    the GPU it ran on, an H200: dsa_rows renames its specs, so no tuned table applied)."""
+    from kgen.model import Shape
+
+    from .dsa_rows import FORMATS, spec_of
+
+    label, name, cache = next(f for f in FORMATS.values() if f[0] == r["format"])
+    spec = spec_of(name, cache)
+    plan_for = r["plan_arch"]
+    shape = Shape(r["H"], r["T"], r["L"], r["B"], spec.cache.page_size, stored_tree=True)
+    return {"variant": f"{label} ({r['plan']}, dsa_rows)", "source": path.name, "spec": spec, "plan_for": plan_for,
+            "tiles": None, "shape": shape, "shape_name": f"B{r['B']}_L{r['L']}_T{r['T']}", "us": r["us"], "ncu": None}
 
 
 def calls(rows: list[dict]) -> list:

@@ -33,7 +33,7 @@ measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they d
 memory system's efficiency, the rates describe the arch.
 
 A loop design (kgen/designs/) gives its TileWork from the SASS of its tile loop (Design.tile_work);
-the mma.sync loop has one, the wgmma loop none yet.
+its overlap and barrier_cycles are its own where they were fitted on its measurements.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Calibration:
     startup_us: float  # per work item before its first tile computes
     combine_us: float  # the combine kernel's launch and its own startup
     state_us: float  # per partial state a combine CTA reads in its chain (4 loads in flight)
-    quantize_us: float  # an fp8 verify call's quantization of the bf16 tree keys (torch kernels)
+    quantize_us: float  # an fp8 verify call's quantization of bf16 tree keys (torch kernels; not for stored keys)
 
 
 CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")  # written by python -m bench.model_table
@@ -90,7 +90,7 @@ def calibration(design: str = "mma_sync") -> Calibration:
 
 # How a loop design's pipes overlap and what its barriers cost are the design's own (fitted on its
 # measurements); the memory system and the per-call costs are shared by all designs.
-DESIGN_TERMS = ("overlap", "barrier_cycles")
+DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency")
 
 
 def validation() -> str:
@@ -234,7 +234,7 @@ class Call:
         partials = len(self.items) * self.plan.tiles.bm * (spec.model.value_dim + 1) * 4
         chains = ceil_div(rows, self.combine_slots) * self.splits * cal.state_us
         combine = cal.combine_us + max(chains, (partials + rows * spec.model.value_dim * 2) / (arch.dram_gbps * 1e3))
-        if spec.cache.kv_dtype != "bfloat16" and not shape.decode:
+        if spec.cache.kv_dtype != "bfloat16" and not shape.decode and not shape.stored_tree:
             combine += cal.quantize_us  # (per-call time, counted with the combine)
         us = makespan + combine
         per_call = combine + cal.startup_us * ceil_div(len(self.items), self.slots)  # startups per wave, combine

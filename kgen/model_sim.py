@@ -20,6 +20,7 @@ class Shape:
     L: int  # prefix tokens per request
     B: int
     page_size: int = 1
+    stored_tree: bool = False  # an fp8 verify's tree keys come as the pool stores them (not quantized in the call)
 
     @property
     def decode(self) -> bool:

@@ -178,6 +178,33 @@ def test_grid_uses_the_specs_heads_page_size_and_tree():
     assert {s.T for s in grid(spec("glm5_static5_sm120"))} == {5}
 
 
+def test_an_fp8_verify_given_stored_tree_keys_does_not_pay_their_quantization():
+    fp8 = spec("glm5_fp8_sm120")
+    given_bf16 = predict(fp8, MAIN, "sm_90", plan_for="sm_90", cal=CAL).us
+    stored = predict(fp8, Shape(8, 16, 131072, 1, stored_tree=True), "sm_90", plan_for="sm_90", cal=CAL).us
+    assert given_bf16 - stored == pytest.approx(CAL.quantize_us)
+    bf16 = spec("glm5_sm120")  # bf16 keys are never quantized
+    assert predict(bf16, MAIN, "sm_90", plan_for="sm_90", cal=CAL).us == \
+        predict(bf16, Shape(8, 16, 131072, 1, stored_tree=True), "sm_90", plan_for="sm_90", cal=CAL).us
+
+
+def test_model_table_reads_dsa_rows_results_as_the_formats_they_ran(tmp_path):
+    from bench import model_table
+
+    measured = tmp_path / "dsa_rows.json"
+    rows = [{"format": "fp8 656-B rows page 64", "spec": "glm5_dsa_fp8_sm120_p64", "plan": "wgmma", "plan_arch": "sm_90",
+             "B": 1, "L": 131072, "T": 16, "H": 8, "us": 144.7},
+            {"format": "bf16 page 64", "spec": "glm5_sm120_p64", "plan": "wgmma", "plan_arch": "sm_90",
+             "B": 32, "L": 32768, "T": 1, "H": 8, "us": 416.0}]
+    measured.write_text(json.dumps({"device": "NVIDIA H200", "plan_arch": None, "rows": rows}))
+    dsa, bf16 = model_table.load_rows([measured], {})
+    assert dsa["spec"].cache.per_block and dsa["spec"].cache.page_size == 64 and dsa["shape"].stored_tree
+    assert bf16["spec"].cache.kv_dtype == "bfloat16" and bf16["shape"] == Shape(8, 1, 32768, 32, 64, stored_tree=True)
+    assert dsa["shape_name"] == "B1_L131072_T16" and dsa["variant"] != bf16["variant"]
+    (c,) = model_table.calls([dsa])
+    assert c.plan.tiles.design == "wgmma" and c.plan.arch.name == "sm_90"  # the H200's own plan ran
+
+
 def test_calibration_file_holds_the_fit_and_its_validation():
     data = json.loads(model.CALIBRATION_FILE.read_text())
     assert Calibration(**data["calibration"]) == model.calibration()
