@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         for b, length, t in SHAPES:
             us = time_shape(mod, b, length, t, device)
             rows.append({"format": label, "spec": mod.spec.name, "plan": mod.plan.tiles.design,
-                         "plan_arch": mod.plan.arch.name, "B": b, "L": length, "T": t, "H": 8, "us": us})
+                         "tiles": designs.text(mod.plan.tiles), "plan_arch": mod.plan.arch.name, "B": b, "L": length, "T": t, "H": 8, "us": us})
             print(f"{label:24s} {mod.plan.arch.name}/{mod.plan.tiles.design:8s} B={b:<3d} L={length:<7d} T={t:<3d} "
                   f"{us:9.1f} us", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

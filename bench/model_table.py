@@ -91,18 +91,19 @@ def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
 
 
 def dsa_row(r: dict, path: Path) -> dict:
-    """A bench.dsa_rows row (its spec rebuilt from the format's label; it ran the heuristic plan of
-    the GPU it ran on, an H200: dsa_rows renames its specs, so no tuned table applied)."""
+    """A bench.dsa_rows row (its spec rebuilt from the format's label) with the tiling it ran; rows
+    written before dsa_rows recorded it ran the heuristic plan of the GPU they ran on (dsa_rows
+    renames its specs, so no tuned table applied)."""
     from kgen.model import Shape
 
     from .dsa_rows import FORMATS, spec_of
 
     label, name, cache = next(f for f in FORMATS.values() if f[0] == r["format"])
     spec = spec_of(name, cache)
-    plan_for = r["plan_arch"]
     shape = Shape(r["H"], r["T"], r["L"], r["B"], spec.cache.page_size, stored_tree=True)
-    return {"variant": f"{label} ({r['plan']}, dsa_rows)", "source": path.name, "spec": spec, "plan_for": plan_for,
-            "tiles": None, "shape": shape, "shape_name": f"B{r['B']}_L{r['L']}_T{r['T']}", "us": r["us"], "ncu": None}
+    return {"variant": f"{label} ({r.get('tiles', r['plan'])}, dsa_rows)", "source": path.name, "spec": spec,
+            "plan_for": r["plan_arch"], "tiles": ran_tiles(spec, r["plan_arch"], r.get("tiles")), "shape": shape,
+            "shape_name": f"B{r['B']}_L{r['L']}_T{r['T']}", "us": r["us"], "ncu": None}
 
 
 def calls(rows: list[dict]) -> list:

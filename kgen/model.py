@@ -33,7 +33,7 @@ measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they d
 memory system's efficiency, the rates describe the arch.
 
 A loop design (kgen/designs/) gives its TileWork from the SASS of its tile loop (Design.tile_work);
-its overlap and barrier_cycles are its own where they were fitted on its measurements.
+its DESIGN_TERMS are its own where they were fitted on its measurements.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def calibration(design: str = "mma_sync") -> Calibration:
     return Calibration(**{**data["calibration"], **data.get("designs", {}).get(design, {})})
 
 
-# How a loop design's pipes overlap and what its barriers cost are the design's own (fitted on its
-# measurements); the memory system and the per-call costs are shared by all designs.
+# How a loop design's pipes overlap, what its barriers cost and how much of the DRAM bandwidth its
+# copies reach are the design's own (fitted on its measurements); the copy latency and the per-call
+# costs are shared by all designs.
 DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency")
 
 

@@ -14,7 +14,7 @@ from kgen.arch import get_arch
 from kgen.cli import app
 from kgen.model import Calibration, Item, Shape, floor, grid, predict, rank_by_model, simulate
 from kgen.occupancy import occupancy
-from kgen.designs import MmaSyncTiles, OverlapTiles, base
+from kgen.designs import MmaSyncTiles, OverlapTiles, WgmmaTiles, base
 from kgen.plan import plan
 from kgen.spec import load_spec
 
@@ -193,7 +193,7 @@ def test_model_table_reads_dsa_rows_results_as_the_formats_they_ran(tmp_path):
 
     measured = tmp_path / "dsa_rows.json"
     rows = [{"format": "fp8 656-B rows page 64", "spec": "glm5_dsa_fp8_sm120_p64", "plan": "wgmma", "plan_arch": "sm_90",
-             "B": 1, "L": 131072, "T": 16, "H": 8, "us": 144.7},
+             "tiles": "wgmma:32,2,1", "B": 1, "L": 131072, "T": 16, "H": 8, "us": 144.7},
             {"format": "bf16 page 64", "spec": "glm5_sm120_p64", "plan": "wgmma", "plan_arch": "sm_90",
              "B": 32, "L": 32768, "T": 1, "H": 8, "us": 416.0}]
     measured.write_text(json.dumps({"device": "NVIDIA H200", "plan_arch": None, "rows": rows}))
@@ -202,7 +202,8 @@ def test_model_table_reads_dsa_rows_results_as_the_formats_they_ran(tmp_path):
     assert bf16["spec"].cache.kv_dtype == "bfloat16" and bf16["shape"] == Shape(8, 1, 32768, 32, 64, stored_tree=True)
     assert dsa["shape_name"] == "B1_L131072_T16" and dsa["variant"] != bf16["variant"]
     (c,) = model_table.calls([dsa])
-    assert c.plan.tiles.design == "wgmma" and c.plan.arch.name == "sm_90"  # the H200's own plan ran
+    assert c.plan.tiles == WgmmaTiles(stages=2) and c.plan.arch.name == "sm_90"  # the tiling the row ran
+    assert bf16["tiles"] is None  # a row without its tiling: the H200's heuristic plan
 
 
 def test_calibration_file_holds_the_fit_and_its_validation():
