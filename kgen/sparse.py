@@ -37,7 +37,8 @@ class SparseKernels:
         self.union, self.gather, self.combine = (kernels[n] for n in ("sparse_verify_attn", "sparse_gather_attn",
                                                                       "sparse_combine"))
         self.bm = self.combine.variant.constants["BM"]
-        self.capacity = list_capacity(self.union.variant.constants["TABLE"])
+        self.capacity = list_capacity(self.union.variant.constants["TABLE"])  # a gather split's entries at most
+        self.list_keys = self.union.variant.constants["LIST_KEYS"]  # a CTA's list scratch
         self.target = sm_count * self.union.variant.min_blocks  # one wave of attention CTAs
 
 
@@ -55,12 +56,12 @@ def sparse_grid(k: SparseKernels, num_tokens: int, batch: int, union: bool = Tru
 
 def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[int, int, int, int]:
     """Byte offsets of part_lse, req_meta and the key lists in a workspace (part_o starts it), and
-    its size, for `grid` CTAs (a partial state of BM rows and a list of LIST_CAP keys each)."""
+    its size, for `grid` CTAs (a partial state of BM rows and a list of LIST_KEYS keys each)."""
     rows = grid * k.bm
     part_lse = _aligned(rows * k.spec.model.value_dim * 4)
     req_meta = part_lse + _aligned(rows * 4)
     lists = req_meta + _aligned(batch * 16)
-    return part_lse, req_meta, lists, lists + _aligned(grid * 2 * k.capacity * 4)
+    return part_lse, req_meta, lists, lists + _aligned(grid * 2 * k.list_keys * 4)
 
 
 class SparseStep:

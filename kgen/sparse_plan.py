@@ -1,8 +1,9 @@
 """The sparse (DSA) kernels of a spec with model.index_topk (DESIGN §12, templates/sparse_attention.cuh).
 
 Both arch plans run the sparse loop on the mma.sync design (the sm_120 loop; on sm_90 the wgmma
-loop has no sparse variant yet): each CTA builds its key list in a shared-memory hash set that
-lives in the KV ring before the ring is used, so the set's size follows from the tiling.
+loop's sparse kernels measured slower: bench/NOTES.md v22s): each CTA builds its key list in a
+shared-memory hash set that lives in the KV ring before the ring is used, so the set's size
+follows from the tiling.
 """
 
 from __future__ import annotations
@@ -21,12 +22,22 @@ QUEUE_PER_WARP = 256  # bytes of a warp's insertion queue (SlotSet::QUEUE_PER_WA
 MIN_CHUNK = 64  # list entries a split reads at least, so partial states stay a small overhead
 
 
+def tile_tokens(heads: int, bm: int) -> int:
+    """Tokens a row tile of bm packed (token, head) rows touches (TILE_TOKENS)."""
+    return bm // heads if bm % heads == 0 else (bm - 1) // heads + 2
+
+
 def sparse_tiles(c: PlanContext) -> MmaSyncTiles:
     """The mma.sync tiling of the sparse kernels: the plan's own where it is one (a row tile's
     tokens must fit a 32-bit mask: BM <= 32), else the mma.sync design's choice for the arch."""
     if isinstance(c.tiles, MmaSyncTiles) and c.tiles.bm <= 32:
         return c.tiles
     return mma_sync.DESIGN.choose(c.spec, c.arch)
+
+
+def list_keys(c: PlanContext, t: MmaSyncTiles) -> int:
+    """Keys of a CTA's list scratch: a row tile's list entries, which bound its distinct slots."""
+    return tile_tokens(c.spec.model.num_q_heads, t.bm) * c.spec.model.index_topk
 
 
 def set_bytes(table: int, warps: int) -> int:
@@ -49,7 +60,7 @@ def table_entries(c: PlanContext, t: MmaSyncTiles) -> int:
 
 
 def list_capacity(table: int) -> int:
-    """Keys a CTA's list holds (SlotSet::CAP): the lists scratch has 2 ints per key per CTA."""
+    """Keys a union round holds (SlotSet::CAP), and what a gather split reads at most."""
     return table // 2
 
 
@@ -68,8 +79,8 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
              "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta",
              "float* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots")
     table = table_entries(c, t)
-    return [replace(ctx.attention(name, "sparse_attn.cu.j2",
-                                  {"UNION": name == "sparse_verify_attn", "TABLE": table, **ctx.tree_constants}, decls),
+    constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), **ctx.tree_constants}
+    return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn", **constants}, decls),
                     kernel="sparse_attn")
             for name in SPARSE_KERNELS]
 

@@ -1,6 +1,6 @@
 // Sparse (DSA) tree verify (DESIGN §12): tree token i of request b attends the prefix slots its
 // top-k list names, topk[i][0 .. K'), -1 = no key, plus its visible tree tokens; on the mma.sync
-// loop of attention.cuh.
+// loop of attention.cuh (its attend(), with the per-tile visibility hook below).
 //
 // Work items are (request, split, row tile), as in the dense schedule. A row tile's BM packed
 // (token, head) rows belong to a few tokens (BM / H, one more when H does not divide BM), and only
@@ -12,11 +12,12 @@
 //   and compacts it to a list: each listed row is read once per row tile, whichever tokens list
 //   it (and the row tiles of one split run side by side, so DRAM sees it once per request).
 //   The set lives in the KV ring before the ring is used; a list that would outgrow the set's
-//   capacity is split into sub-partitions by more hash bits (rounds), each attended in turn.
+//   capacity is split into sub-partitions by more hash bits (rounds), each appended to the list.
 // - gather (the internal baseline): split s owns a contiguous range of the tile's list entries,
 //   each entry one key of one token (a slot listed by k tokens is read k times).
-// The lists go to a global scratch region per CTA (the ring is busy while they are read). The
-// request's tree rides on its last split, as in verify_attn.
+// The list goes to a global scratch region per CTA (LIST_KEYS keys: a row tile's entries, which
+// bound its distinct slots), built whole before the CTA attends it as one key range (the ring is
+// busy while the keys are read). The request's tree rides on its last split, as in verify_attn.
 #pragma once
 #include "kgen/attention_kernels.cuh"
 
@@ -28,7 +29,7 @@ struct SparseArgs {
     int topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens, validate;
     int* error_flag;
     int4* req_meta;
-    int* lists;  // per CTA: LIST_CAP slots then LIST_CAP masks
+    int* lists;  // per CTA: LIST_KEYS slots then LIST_KEYS masks
     long long num_slots;
 };
 
@@ -202,7 +203,7 @@ struct SlotFilter {
 // compacting it costs what the split needs.
 template <int TABLE>
 struct SlotSet {
-    static constexpr int CAP = TABLE / 2;      // keys of a list at most (the lists scratch per CTA)
+    static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
     static constexpr int LOADS = 8;            // list entries a thread scans at a time
     static constexpr int QUEUE_PER_WARP = 32 * LOADS;  // bytes
@@ -382,10 +383,17 @@ __device__ __noinline__ int build_gather(int* scan, const KeyList list, const in
     return total;
 }
 
+// The rows of a sparse work item (its request's tree tokens from its row tile on).
+template <class C>
+__device__ __forceinline__ ItemRows sparse_item_rows(const SparseArgs& a, const SparseItem& item) {
+    const int qo0 = a.qo_indptr[item.b], tokens = min(a.qo_indptr[item.b + 1] - qo0, a.max_nodes);
+    return {qo0, tokens, (long long)qo0 * C::HEADS + item.row_tile * C::BM, tokens * C::HEADS - item.row_tile * C::BM};
+}
+
 // sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
 // slots, then, in the last split, the request's tree tokens under the tree mask; one online
-// softmax into the partial state of slot blockIdx.x.
-template <class C, bool UNION, int TABLE, int MASK_WORDS, class RequestMask>
+// softmax into the partial state of slot blockIdx.x. LIST_KEYS: keys of a CTA's list scratch.
+template <class C, bool UNION, int TABLE, int LIST_KEYS, int MASK_WORDS, class RequestMask>
 __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, const char* kv_cache, float kv_scale,
                                                  const char* k_tree, const RequestMask& request_mask,
                                                  const SparseArgs& a, float* part_o, float* part_lse,
@@ -394,65 +402,63 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     static_assert(SlotSet<TABLE>::bytes_for(C::THREADS / 32) <= C::RING_BYTES, "the hash set and queues fit the KV ring");
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
     if (item.b < 0) return;
-    const int qo0 = a.qo_indptr[item.b], tokens = min(a.qo_indptr[item.b + 1] - qo0, a.max_nodes);
-    const ItemRows r{qo0, tokens, (long long)qo0 * C::HEADS + item.row_tile * C::BM,
-                     tokens * C::HEADS - item.row_tile * C::BM};
-    const int num_rows = min(r.rows, C::BM), row0 = item.row_tile * C::BM;
-    const int token0 = row0 / C::HEADS, tile_tokens = (row0 + num_rows - 1) / C::HEADS + 1 - token0;
-    const int width = a.topk_width;
-    const int* lists = a.topk + (long long)(qo0 + token0) * width;
-    const KeyList list{a.lists + (long long)blockIdx.x * 2 * SlotSet<TABLE>::CAP,
-                       reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * SlotSet<TABLE>::CAP};
+    const int row0 = item.row_tile * C::BM, token0 = row0 / C::HEADS, width = a.topk_width;
+    const KeyList list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
+                       reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * LIST_KEYS};
+    // The item's key list, built whole (its rows are read again after: held, they spilled across the
+    // builders' calls).
+    const int n = [&] {
+        int count = 0;
+        const ItemRows r = sparse_item_rows<C>(a, item);
+        const int tile_tokens = (row0 + min(r.rows, C::BM) - 1) / C::HEADS + 1 - token0;
+        const int* lists = a.topk + (long long)(r.qo0 + token0) * width;
+        if constexpr (UNION) {
+            // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
+            // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
+            // Rounds take disjoint slots, so their lists append.
+            int size = initial_set_size<TABLE>(tile_tokens * width, item.splits);
+            unsigned mod = 1, rem = 0;
+            while (true) {
+                const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
+                const int m = build_union(SlotSet<TABLE>::at(smem, size), lists, tile_tokens, width, filter,
+                                          KeyList{list.slots + count, list.masks + count}, a);
+                if (m < 0) {
+                    if (size < TABLE) size *= 2;
+                    else mod *= 2;
+                    continue;
+                }
+                count += m;
+                while (mod > 1 && rem >= mod / 2) {  // up while this was a second half
+                    rem -= mod / 2;
+                    mod /= 2;
+                }
+                if (mod == 1) break;
+                rem += mod / 2;  // the other half
+            }
+        } else {
+            const int entries = tile_tokens * width;  // <= 32 x 65536
+            const int per = (entries + item.splits - 1) / item.splits;
+            const int e0 = min(entries, item.split * per);  // per <= max_chunk <= LIST_KEYS
+            count = build_gather(SlotSet<TABLE>::at(smem, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
+                             min(entries, e0 + per), a);
+        }
+        return count;
+    }();
+    // The ring held the hash set (generic-proxy writes) that the loop's copies now overwrite; the
+    // masks, read in every tile's softmax, are fetched into L1 first (this CTA just wrote them).
+    fence_proxy_async();
+    __syncthreads();
+    for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l1(list.masks + i);
+    const ItemRows r = sparse_item_rows<C>(a, item);
     const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
     const ListVisible<C> visible{reinterpret_cast<const unsigned*>(a.lists),
-                                 static_cast<unsigned>((blockIdx.x * 2 + 1) * SlotSet<TABLE>::CAP), row0, token0,
-                                 num_rows};
-
-    AttnState<C> st;
-    attend_begin<C>(smem, st, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2,
-                    kv_scale);
-    // Attend the first n keys of the list; the next build may rewrite the ring and the list after.
-    // The masks are read in every tile's softmax: fetched into L1 first (this CTA just wrote them).
-    auto attend_list = [&](int n) {
-        fence_proxy_async();
-        __syncthreads();
-        for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l1(list.masks + i);
-        attend_range<C>(smem, st, rows, n, visible, 0, (n + C::BN - 1) / C::BN);
-        __syncthreads();
-    };
-    if constexpr (UNION) {
-        // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
-        // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
-        int size = initial_set_size<TABLE>(tile_tokens * width, item.splits);
-        unsigned mod = 1, rem = 0;
-        while (true) {
-            const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
-            const int n = build_union(SlotSet<TABLE>::at(smem, size), lists, tile_tokens, width, filter, list, a);
-            if (n < 0) {
-                if (size < TABLE) size *= 2;
-                else mod *= 2;
-                continue;
-            }
-            attend_list(n);
-            while (mod > 1 && rem >= mod / 2) {  // up while this was a second half
-                rem -= mod / 2;
-                mod /= 2;
-            }
-            if (mod == 1) break;
-            rem += mod / 2;  // the other half
-        }
-    } else {
-        const int entries = tile_tokens * width;  // <= 32 x 65536
-        const int per = (entries + item.splits - 1) / item.splits;
-        const int e0 = min(entries, item.split * per);  // per <= max_chunk = the list's capacity
-        attend_list(build_gather(SlotSet<TABLE>::at(smem, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
-                                 min(entries, e0 + per), a));
-    }
-    if (item.split == item.splits - 1) {
-        const auto tree = tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true);
-        attend_range<C>(smem, st, tree.keys, tree.num_keys, tree.visible, tree.tile_begin, tree.tile_end);
-    }
-    attend_end<C>(smem, st, part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
+                                 static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0,
+                                 min(r.rows, C::BM)};
+    const KeyRange<ListRows<C::KV_ROW>, ListVisible<C>> keys{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
+    const bool last_split = item.split == item.splits - 1;
+    const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
+    attend<C>(smem, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2, kv_scale,
+              keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
 }
 
 }  // namespace kgen
