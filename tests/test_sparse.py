@@ -71,6 +71,9 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
         assert v.smem_bytes <= p.arch.smem_per_block
         table = v.constants["TABLE"]
         assert table == TABLES[name, arch] and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
+        # a CTA's key list holds its row tile's entries (4 tokens of 8 heads x index_topk): what bounds
+        # its distinct slots, whatever the rounds its union takes
+        assert v.constants["LIST_KEYS"] == 4 * 2048
     assert sparse["sparse_verify_attn"].constants["UNION"] and not sparse["sparse_gather_attn"].constants["UNION"]
     assert p.variant("sparse_combine").constants["BM"] == 32  # the sparse tiles', whatever the dense design
     assert not [v for v in plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), arch).variants
@@ -272,6 +275,7 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
         base = step.workspace.data_ptr()
         off_lse, off_meta, off_lists, size = sparse_workspace_layout(mod._sparse, grid, batch)
         assert step.workspace.numel() == size and off_lists - off_meta >= batch * 16
+        assert size - off_lists >= grid * 2 * (4 * 2048) * 4  # every CTA's list: LIST_KEYS slots and masks
         assert attn == dict(q=ptr(b.q), kv_cache=ptr(b.kv_cache), kv_scale=1.0, k_tree=ptr(b.k_tree),
                             tree_mask=ptr(b.tree_mask), qo_indptr=ptr(b.qo_indptr), topk_indices=ptr(x.topk_indices),
                             topk_width=512, batch=batch, target_ctas=132, min_chunk=64,
