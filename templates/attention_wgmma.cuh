@@ -19,7 +19,8 @@
 //   P V_c (m64n256 wgmmas, P from registers, V N-major: the same staged rows).
 // - Software pipelining (wg_consume): tile j's QK is issued, then tile j-1's P·V, which runs on the
 //   tensor cores during tile j's exchange and softmax.
-// - Registers: the producer gives its registers to the consumers (setmaxnreg, 240 each): Q
+// - Registers: the producer gives its registers to the consumers (setmaxnreg, 240 each; over fp8
+//   rows 232, and 40 for the producer's conversion, 4 chunks in flight: bench/NOTES.md v22): Q
 //   (4 per register k-step), O (128), scores (16) and P (8); with all of Q in registers ptxas
 //   serializes the wgmmas. Q's smem part costs 2 KB of shared-memory reads per k-step and tile.
 //   DSA rows hold a second score accumulator and a second P instead of Q (all of it in smem); 3
@@ -72,7 +73,9 @@ struct WgmmaAttnConfig : Layout {
     static constexpr int RAW_ROW = KV_SCALED ? DV : KV_ROW;
     static constexpr int RAW_CHUNKS = RAW_ROW / 16;
     static constexpr int ROW_THREADS = 128 / BN;   // producer threads per staged row
-    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // 128 * 24 + 256 * 240 <= 384 * 168
+    // 128 * P + 256 * C <= 384 * 168. fp8 rows: the producer's conversion is latency-bound with 24
+    // (two chunks in flight); 40 bought the DSA rows 6-8% though the consumers spill a few words at 232.
+    static constexpr int PRODUCER_REGS = KV_FP8 ? 40 : 24, CONSUMER_REGS = KV_FP8 ? 232 : 240;
     static constexpr int EXCHANGE_BAR = 1;  // named barrier of the 256 consumer threads
     static constexpr int PARTIAL_BAR = 2, SUM_BAR = 3;  // consumer 1's partial scores are in; consumer 0's sums are
 
@@ -146,7 +149,7 @@ __device__ __forceinline__ void copy_row_rest(char* smem, int stage, const char*
 template <class C>
 __device__ __forceinline__ void convert_row(const char* raw_stage, char* stage, int row, int sub) {
     const char* raw = raw_stage + row * C::RAW_ROW;
-#pragma unroll 2  // two chunks in flight: the conversion's latency is what the consumers wait for
+#pragma unroll 4  // chunks in flight: the conversion's latency is what the consumers wait for
     for (int c = sub; c < C::RAW_CHUNKS; c += C::ROW_THREADS) {
         const uint4 v = *reinterpret_cast<const uint4*>(raw + c * 16);
         const uint2 a = e4m3x4_to_bf16x4(v.x), b = e4m3x4_to_bf16x4(v.y);

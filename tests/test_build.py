@@ -59,6 +59,10 @@ def emulated_e4m3_spill_limit(spec, arch: str) -> int:
 # The wgmma loop's tree range (the verify tail, and tree_attn alone) holds the mask functor beside
 # 240 registers of Q, O, scores and P: ptxas spills a few words there, outside the prefix loop.
 SM90_TREE_SPILL_BYTES = 256
+# Over fp8 rows its producer gets 40 registers (the conversion is latency-bound: bench/NOTES.md v22)
+# and its consumers 232: ptxas spills a few more words of theirs, in every attention kernel.
+SM90_FP8_SPILL_BYTES = 320
+ATTENTION_KERNELS = ("prefix_attn", "verify_attn", "tree_attn")
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
@@ -68,14 +72,22 @@ def test_the_sm90_plan_is_its_own_and_compiles_for_sm90a(path, cache):
     wgmma = spec.cache.mma_type != "e4m3"  # e4m3 MMAs keep the mma.sync loop (4 stages)
     assert p.tiles.design == ("wgmma" if wgmma else "mma_sync")
     built = {b.variant.name: b for b in build(p, ["sm_90"], cache, inspect=True)}
+    fp8 = spec.cache.kv_dtype != "bfloat16"
     for name, b in built.items():
         assert b.cubin[:4] == b"\x7fELF" and b.smem_bytes <= 227 * 1024, name
-        limit = (SM90_TREE_SPILL_BYTES if wgmma and name in ("verify_attn", "tree_attn")
-                 else emulated_e4m3_spill_limit(spec, "sm_90"))
+        if wgmma and fp8 and name in ATTENTION_KERNELS:
+            limit = SM90_FP8_SPILL_BYTES
+        elif wgmma and name in ("verify_attn", "tree_attn"):
+            limit = SM90_TREE_SPILL_BYTES
+        else:
+            limit = emulated_e4m3_spill_limit(spec, "sm_90")
         assert b.report.spill_bytes <= limit, (name, b.report)
     if wgmma:
-        assert built["prefix_attn"].sass["HGMMA"] > 0 and built["prefix_attn"].sass["LDGSTS"] > 0
-        assert built["prefix_attn"].problems() == []
+        prefix = built["prefix_attn"]
+        assert prefix.sass["HGMMA"] > 0 and prefix.sass["LDGSTS"] > 0
+        def about_spills(problem: str) -> bool:  # fp8 rows' spills are bounded above
+            return fp8 and ("bytes of register spills" in problem or problem.startswith("local memory traffic"))
+        assert [p for p in prefix.problems() if not about_spills(p)] == []
         with pytest.raises(ArchError, match="sm_120 lacks wgmma"):
             build(p, ["sm_120"], cache)
 
@@ -287,8 +299,8 @@ def test_a_kernel_compiles_with_and_is_keyed_by_only_the_headers_it_includes(mon
 
 def built_fp8_wgmma_prefix(spec_name: str, tmp_path):
     """The sm_90 plan of a shipped fp8 spec (the wgmma loop in 3 stages; 4 do not fit 227 KB): its
-    layout, its prefix kernel's source, and that kernel built (0 spills: the producer's conversion
-    fits its 24 registers)."""
+    layout, its prefix kernel's source, and that kernel built (its consumers at 232 registers spill
+    a few words, bounded: SM90_FP8_SPILL_BYTES)."""
     spec = kgen.load_spec(ROOT / "specs" / f"{spec_name}.yaml")
     arch = get_arch("sm_90")
     p = plan(spec, "sm_90")
@@ -300,7 +312,7 @@ def built_fp8_wgmma_prefix(spec_name: str, tmp_path):
     [b] = build(p.__class__(p.spec, p.arch, p.tiles, (prefix,), p.budget), ["sm_90"], KernelCache(tmp_path),
                 inspect=True)
     assert b.sass["HGMMA"] > 0 and b.sass["LDGSTS"] > 0 and b.smem_bytes <= arch.smem_per_block
-    assert b.report.spill_bytes == 0, b.report
+    assert b.report.spill_bytes <= SM90_FP8_SPILL_BYTES, b.report
     return p.tiles.layout(spec), render(prefix), b
 
 
