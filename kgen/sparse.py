@@ -83,6 +83,9 @@ class SparseStep:
         self.tree_mask = self._check_tree(spec, tree_mask)
         self.validate = env.flag("KGEN_VALIDATE")
         self.grid = sparse_grid(kernels, self.num_tokens, batch, union)
+        if self.grid * 2 * kernels.list_keys >= 1 << 32:  # the kernels index the key lists' masks in 32 bits
+            raise ValueError(f"prepare_sparse: {self.grid} CTAs' key lists of {kernels.list_keys} keys each "
+                             f"exceed the 2^32 entries the sparse kernels address; split the batch")
         self._empty = self.num_tokens == 0 or batch == 0
         part_lse, req_meta, lists, size = sparse_workspace_layout(kernels, self.grid, batch)
         if workspace is None:

@@ -20,7 +20,7 @@
 // - Software pipelining (wg_consume): tile j's QK is issued, then tile j-1's P·V, which runs on the
 //   tensor cores during tile j's exchange and softmax.
 // - Registers: the producer gives its registers to the consumers (setmaxnreg, 240 each; over fp8
-//   rows 232, and 40 for the producer's conversion, 4 chunks in flight: bench/NOTES.md v22): Q
+//   rows 232, and 40 for the producer's conversion, 4 chunks in flight: bench/NOTES.md v22b): Q
 //   (4 per register k-step), O (128), scores (16) and P (8); with all of Q in registers ptxas
 //   serializes the wgmmas. Q's smem part costs 2 KB of shared-memory reads per k-step and tile.
 //   DSA rows hold a second score accumulator and a second P instead of Q (all of it in smem); 3

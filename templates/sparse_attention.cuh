@@ -128,9 +128,9 @@ struct ListRows {
 };
 
 // Row r of the CTA sees key j when its token's bit is set in key j's mask (bit 0: token0). The
-// masks are found as the kernel's lists argument plus a 32-bit index (the workspace holds far
-// fewer than 2^32 entries): the argument stays in the constant bank, where a 64-bit pointer held
-// through the tile loop spilled on sm_120 (168 registers for 9 warps).
+// masks are found as the kernel's lists argument plus a 32-bit index (a step whose lists would
+// reach 2^32 entries is refused: kgen/sparse.py): the argument stays in the constant bank, where
+// a 64-bit pointer held through the tile loop spilled on sm_120 (168 registers for 9 warps).
 template <class C>
 struct ListVisible {
     static constexpr bool ALL = false;
@@ -440,7 +440,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             const int per = (entries + item.splits - 1) / item.splits;
             const int e0 = min(entries, item.split * per);  // per <= max_chunk <= LIST_KEYS
             count = build_gather(SlotSet<TABLE>::at(smem, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
-                             min(entries, e0 + per), a);
+                                 min(entries, e0 + per), a);
         }
         return count;
     }();

@@ -286,6 +286,16 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
                                req_meta=base + off_meta, batch=batch, o=ptr(out), lse=ptr(lse))
 
 
+def test_a_step_whose_key_lists_outgrow_32_bit_indices_is_refused(seed):
+    from test_step import stub_module
+
+    mod = stub_module("glm5_dsa_bf16_sm120", sm_count=(1 << 32) // (2 * 4 * 2048))  # one wave of CTAs fills 2^32
+    x = make_sparse_inputs(mod.spec, [4], [300], 64, generator=gen(seed))
+    with pytest.raises(ValueError, match="exceed the 2\\^32 entries"):
+        mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
+    assert mod.launches == []
+
+
 def test_sparse_arguments_are_checked_before_any_launch(seed):
     from test_step import stub_module
 
