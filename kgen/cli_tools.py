@@ -163,6 +163,9 @@ def tune_cmd(
                 bar.advance(task)
                 bar.console.print(f"{bucket.key:20s} " + "  ".join(f"{t} {us:.1f}" for t, us in sorted(r["times"].items()))
                                   + f"  noise {100 * r['noise']:.1f}% -> {r['chosen']}", highlight=False, markup=False)
+                for text, why in r["rejected"].items():
+                    bar.console.print(f"{bucket.key:20s} {text} rejected, not timed: {why}", highlight=False,
+                                      markup=False)
 
             table = tune(spec, budget_s, on_bucket=done)
         path = out or user_dir() / table_name(spec, table.arch)

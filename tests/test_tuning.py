@@ -76,6 +76,33 @@ def test_candidates_fit_the_arch(spec):
         plan(spec, "sm_120", tiles=OverlapTiles(32, 2, 1))  # would wait for a stage it has yet to refill
 
 
+def test_tune_times_only_tilings_that_agree_with_the_heuristic_plan(spec):
+    """Before a bucket is timed, each candidate runs once on its shape beside the heuristic plan: one
+    that computes something else is rejected, with what differs, and never timed or kept."""
+    import torch
+
+    from kgen import reference
+    from kgen.inputs import Dims
+    from kgen.tuner import disagreeing
+
+    dims = Dims.of(spec)
+
+    class Module:  # the prefix op a decode bucket runs, as the reference computes it, plus `off`
+        device = torch.device("cpu")
+
+        def __init__(self, off: float):
+            self.off = off
+
+        def prefix_attention(self, *args, kv_scale):
+            o, lse = reference.prefix_attention_ref(*args, dims.page_size, dims.scale, dims.value_dim, kv_scale)
+            return o + self.off, lse
+
+    mods = {"heuristic": Module(0.0), "same": Module(0.0), "wrong": Module(0.5)}
+    bad = disagreeing(mods, "heuristic", spec, Bucket("decode", "1", "short"), torch.Generator().manual_seed(7))
+    assert list(bad) == ["wrong"]
+    assert "wrong against heuristic" in bad["wrong"] and "relative L2" in bad["wrong"]
+
+
 def test_tune_for_an_arch_that_is_not_here_ranks_by_the_model():
     from typer.testing import CliRunner
 
