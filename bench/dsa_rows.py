@@ -2,7 +2,8 @@
 656-byte fp8 rows with per-block scales, next to today's bf16 page-1 verify, on the same shapes,
 with the same method as bench/run.py (CUDA-graph replay of K rotated input sets, median / K).
 
-    python -m bench.dsa_rows [--plan-arch sm_120] [--fp8-tiles wgmma:32,3,1] [--dsa-tiles wgmma:32,2,1] [--out DIR]
+    python -m bench.dsa_rows [--plan-arch sm_120] [--bf16-tiles seesaw:32,4,1] [--fp8-tiles wgmma:32,3,1]
+                             [--dsa-tiles wgmma:32,2,1] [--out DIR]
 
 Prints one table and writes dsa_rows-<device>-<plan>.json to --out (default bench/results).
 """
@@ -62,6 +63,7 @@ def time_shape(mod, b: int, length: int, t: int, device) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dsa_rows", description=__doc__.split("\n\n")[0])
     p.add_argument("--plan-arch", default=None, help="run this arch's plan (e.g. sm_120 on an H200)")
+    p.add_argument("--bf16-tiles", default=None, help="the bf16 formats' tiling (e.g. seesaw:32,4,1)")
     p.add_argument("--fp8-tiles", default=None,
                    help="the per-tensor fp8 format's tiling (e.g. wgmma:32,3,1: the wgmma loop over fp8 rows, "
                         "a candidate)")
@@ -71,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = p.parse_args(argv)
     tiling = {}
-    for flag, text in (("--fp8-tiles", args.fp8_tiles), ("--dsa-tiles", args.dsa_tiles)):
+    for flag, text in (("--bf16-tiles", args.bf16_tiles), ("--fp8-tiles", args.fp8_tiles), ("--dsa-tiles", args.dsa_tiles)):
         tiling[flag] = designs.parse(text) if text else None
         if text and tiling[flag] is None:
             p.error(f"{flag} {text!r} is not a tiling ({designs.text_forms()})")
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, spec_name, cache in (FORMATS[f] for f in formats):
         spec = spec_of(spec_name, cache)
         fp8 = spec.cache.kv_dtype != "bfloat16"
-        tiles = tiling["--dsa-tiles" if spec.cache.per_block else "--fp8-tiles"] if fp8 else None
+        tiles = tiling["--dsa-tiles" if spec.cache.per_block else "--fp8-tiles"] if fp8 else tiling["--bf16-tiles"]
         mod = kgen.jit(spec, arch=args.plan_arch, tiles=tiles)
         for b, length, t in SHAPES:
             us = time_shape(mod, b, length, t, device)
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{us:9.1f} us", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     tag = "".join(f"-{what}_{text.replace(':', '_').replace(',', '_')}"
-                  for what, text in (("fp8", args.fp8_tiles), ("dsa", args.dsa_tiles)) if text)
+                  for what, text in (("bf16", args.bf16_tiles), ("fp8", args.fp8_tiles), ("dsa", args.dsa_tiles)) if text)
     path = args.out / f"dsa_rows-{name.replace(' ', '_')}-{args.plan_arch or 'own'}{tag}.json"
     path.write_text(json.dumps({"device": name, "plan_arch": args.plan_arch, "rows": rows}, indent=1))
     print(f"wrote {path}")

@@ -34,6 +34,10 @@ VARIANTS = {
     "sm90_plan": ("specs/glm5_sm120.yaml", None, None),  # the wgmma loop on an H100/H200 (and its tuned table)
     "wgmma4": ("specs/glm5_sm120.yaml", "sm_90", "wgmma:32,4,1"),  # the wgmma loop alone, 4 and 3 stages
     "wgmma3": ("specs/glm5_sm120.yaml", "sm_90", "wgmma:32,3,1"),
+    "seesaw4": ("specs/glm5_sm120.yaml", "sm_90", "seesaw:32,4,1"),  # sm_90's seesaw loop, 4 and 3 stages
+    "seesaw3": ("specs/glm5_sm120.yaml", "sm_90", "seesaw:32,3,1"),
+    "wgmma4_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_90", "wgmma:32,4,1"),
+    "seesaw4_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_90", "seesaw:32,4,1"),
     "sm90_mma4": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:32,32,2,4,1"),
     "bn16": ("specs/glm5_sm120.yaml", "sm_120", "mma_sync:32,16,2,4,1"),
     "stages3": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:32,32,2,3,1"),

@@ -396,14 +396,17 @@ def _progress(r: dict, peers=()) -> str:
 def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=HEADS, trees=TREES,
         contexts=CONTEXTS, batches=BATCHES, decode: bool = True, graph: bool = True, triton: bool = True,
         sets: int | None = None, time_limit: float | None = None, out_dir: Path = RESULTS,
-        plan_arch: str | None = None, peers: str = "auto", shapes=None, halves: bool = True) -> int:
+        plan_arch: str | None = None, peers: str = "auto", shapes=None, halves: bool = True,
+        tiles: str | None = None) -> int:
     """Run the benchmark; returns the process exit code (1 if the cross-check fails). plan_arch:
-    run that arch's plan (e.g. sm_120 on an H200) instead of the GPU's own. peers: see
+    run that arch's plan (e.g. sm_120 on an H200) instead of the GPU's own; tiles: that plan with
+    this tiling (kgen/designs/ text, e.g. seesaw:32,4,1) for every shape. peers: see
     bench/peers.py parse_peers ("auto": the plan arch's peers). shapes: (B, L, T, H) tuples to run
     instead of the grid."""
     from rich.console import Console
 
     import kgen
+    from kgen import designs
     from kgen.errors import KgenError
 
     from . import ceilings as ceil_mod
@@ -416,6 +419,9 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
         base = kgen.load_spec(spec_path)
     except KgenError as e:
         raise BenchError(str(e)) from None
+    tiling = designs.parse(tiles) if tiles else None
+    if tiles and tiling is None:
+        raise BenchError(f"--tiles {tiles!r} is not a tiling ({designs.text_forms()})")
     if base.tree.is_static:
         raise BenchError(f"{spec_path}: the benchmark varies the tree size; give a dynamic-tree spec (max_nodes)")
     try:
@@ -458,6 +464,7 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
     out_dir.mkdir(parents=True, exist_ok=True)
     # <spec>-<time>[-p64][-quick]: names sort by time, as kgen/model.py's results_file expects
     plan_tag = f"-{plan_arch.replace('_', '')}plan" if plan_arch else ""
+    plan_tag += f"-{tiles.replace(':', '_').replace(',', '_')}" if tiles else ""
     stem = (f"{base.name}-{stamp}{'' if page == base.cache.page_size else f'-p{page}'}{plan_tag}"
             f"{'-quick' if quick else ''}")
     json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
@@ -486,8 +493,9 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
     def module(spec):
         if spec.name not in modules:
             t0 = time.perf_counter()
-            mod = modules[spec.name] = kgen.jit(spec, arch=plan_arch)
+            mod = modules[spec.name] = kgen.jit(spec, arch=plan_arch, tiles=tiling)
             result.setdefault("plans", {})[spec.name] = {"arch": mod.plan.arch.name, "design": mod.plan.tiles.design,
+                                                         "tiles": designs.text(mod.plan.tiles),
                                                          "tuned": str(mod.table.path) if mod.table else None}
             console.print(f"jit {spec.name}: {time.perf_counter() - t0:.1f} s, plan for {mod.plan.arch.name} "
                           f"({mod.plan.tiles.design}{', tuned table' if mod.table else ''})", highlight=False)
@@ -598,6 +606,7 @@ def parser() -> argparse.ArgumentParser:
                    f"{L2_ROTATIONS}x the L2 size, 2..{MAX_SETS})")
     p.add_argument("--time-limit", type=float, default=None, help="start no new shape after this many seconds")
     p.add_argument("--out", type=Path, default=RESULTS, help="results folder (default bench/results)")
+    p.add_argument("--tiles", default=None, help="the plan with this tiling for every shape (e.g. seesaw:32,4,1)")
     p.add_argument("--plan-arch", default=None, help="run this arch's plan (e.g. sm_120 on an H200) instead of the GPU's own")
     p.add_argument("--peers", default="auto", help="peers timed on the same inputs: auto (sm_90 plan: flashinfer_fa3, "
                    "flashmla; other plans: flashinfer_fa2), none, all, or a comma-separated list of flashinfer_fa3, "
@@ -616,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(a.spec, quick=a.quick, page_size=a.page_size, heads=a.heads, trees=a.trees, contexts=a.contexts,
                    batches=a.batches, decode=a.decode, graph=a.graph, triton=a.triton, sets=a.sets,
                    time_limit=a.time_limit, out_dir=a.out, plan_arch=a.plan_arch, peers=a.peers, shapes=a.shapes,
-                   halves=a.halves)
+                   halves=a.halves, tiles=a.tiles)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,12 +2,13 @@
 folder to carry to the GPU machine (the device tool's `carry`), so the run compiles nothing it can
 load. NVRTC's output is the same on either machine: the cache key holds the NVRTC version.
 
-    python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|wgmma_fp8 ...]
+    python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|sm90_loops ...]
 
 Groups: tests — every shipped and derived spec of tests/conftest.py, both plans; sparse — the
 sparse GPU tests' specs (tests/test_sparse_gpu.py), both plans; dsa — the specs kgen's SGLang DSA
-backend derives in tests/test_sglang_dsa_gpu.py; wgmma_fp8 — the wgmma loop's fp8 tilings of
-tests/test_attention_gpu.py. Default: sparse, dsa, wgmma_fp8 (the `tests` group is larger than
+backend derives in tests/test_sglang_dsa_gpu.py; sm90_loops — the tilings of the sm_90 loops that
+tests/test_attention_gpu.py runs beside the plans (the wgmma loop over fp8 rows, the seesaw loop).
+Default: sparse, dsa, sm90_loops (the `tests` group is larger than
 a carry beside the SGLang wheels). Then run with KGEN_CACHE_DIR=$PWD/OUT on the GPU machine.
 """
 
@@ -28,7 +29,7 @@ from kgen.spec import Spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-GROUPS = ("tests", "sparse", "dsa", "wgmma_fp8")
+GROUPS = ("tests", "sparse", "dsa", "sm90_loops")
 
 
 def dsa_backend_spec(kind: str, nodes: int) -> Spec:
@@ -51,9 +52,9 @@ def jobs(group: str) -> list[tuple[Spec, str, object]]:
         return [(sparse_spec(n), a, None) for n in SPARSE_SPECS for a in ("sm_90", "sm_120")]
     if group == "dsa":
         return [(dsa_backend_spec(k, n), "sm_90", None) for k, n in (("bf16", 4), ("bf16", 16), ("fp8", 16))]
-    from test_attention_gpu import SM90_FP8_CASES
+    from test_attention_gpu import SM90_CASES
 
-    return [(spec_named(n), "sm_90", designs.parse(t)) for n, t in SM90_FP8_CASES]
+    return [(spec_named(n), "sm_90", designs.parse(t)) for n, t in SM90_CASES]
 
 
 def warm(job: tuple[Spec, str, object, str, Path]) -> str:
@@ -75,9 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.warm", description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path)
     p.add_argument("--arch", default="sm_90", help="the GPU machine's arch (default sm_90: the H200)")
-    p.add_argument("--group", action="append", choices=GROUPS, help="repeatable; default: sparse, dsa, wgmma_fp8")
+    p.add_argument("--group", action="append", choices=GROUPS, help="repeatable; default: sparse, dsa, sm90_loops")
     args = p.parse_args(argv)
-    work = [(*j, args.arch, args.out) for g in (args.group or ["sparse", "dsa", "wgmma_fp8"]) for j in jobs(g)]
+    work = [(*j, args.arch, args.out) for g in (args.group or ["sparse", "dsa", "sm90_loops"]) for j in jobs(g)]
     with ProcessPoolExecutor(2) as pool:
         for line in pool.map(warm, work):
             print(line, flush=True)

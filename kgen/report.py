@@ -20,7 +20,9 @@ from .tuning import candidates, find_table
 
 TILES_LEGEND = ("tiling: mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS = packed (token, head) rows per tile, KV rows "
                 "per tile, compute warps along the rows, KV ring stages, CTAs per SM the kernel is built for; "
-                "wgmma:BN,STAGES,MIN_BLOCKS = the same for sm_90's wgmma loop (64 rows per tile)")
+                "wgmma:BN,STAGES,MIN_BLOCKS and seesaw:BN,STAGES,MIN_BLOCKS = the same for sm_90's two wgmma "
+                "loops (64 rows per tile); overlap:BN,STAGES,AHEAD,MIN_BLOCKS = the same for the overlap loop (32 "
+                "rows per tile; AHEAD 1: Q·K a tile ahead)")
 
 
 def table(columns: list[str], rows: list[list[object]], left: tuple[str, ...] = (), wrap: tuple[str, ...] = ()) -> Table:

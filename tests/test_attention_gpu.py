@@ -377,16 +377,19 @@ def check_tiling(cuda, seed: int, spec_name: str, arch: str, tiles: str) -> None
         check_ops(mod, inp, f"{spec_name} {tiles} {what}: {describe(spec_name, inp, kind)}")
 
 
-# The wgmma loop over fp8 rows (its producer converts the e4m3 bytes to bf16, exactly): per-tensor
-# rows (both page sizes) and the DSA pool's 656-B rows (per-block scales, in fp32), both ring depths
-# each, where the tuned tables may pick either.
-SM90_FP8_CASES = [(spec, tiles) for spec in ("glm5_fp8_sm120", "glm5_fp8_p64_sm120", "glm5_dsa_fp8_sm120")
-                  for tiles in ("wgmma:32,2,1", "wgmma:32,3,1")]
+# The sm_90 loops where kgen tune may pick a tiling the heuristic plan does not: the wgmma loop over
+# fp8 rows (its producer converts the e4m3 bytes to bf16, exactly: per-tensor rows at both page sizes
+# and the DSA pool's 656-B rows, per-block scales in fp32) at both ring depths, and the seesaw loop
+# (bf16 rows) at H = 8, 16 and 128, page sizes 1 and 64, both ring depths at H = 8.
+SM90_CASES = [*((spec, tiles) for spec in ("glm5_fp8_sm120", "glm5_fp8_p64_sm120", "glm5_dsa_fp8_sm120")
+                for tiles in ("wgmma:32,2,1", "wgmma:32,3,1")),
+              ("glm5_sm120", "seesaw:32,3,1"), ("glm5_sm120", "seesaw:32,4,1"), ("glm5_p64_sm120", "seesaw:32,4,1"),
+              ("glm5_tp4_sm120", "seesaw:32,4,1"), ("deepseek_v3_sm120", "seesaw:32,4,1")]
 
 
 @pytest.mark.parametrize("case", range(2))
-@pytest.mark.parametrize("spec_name, tiles", SM90_FP8_CASES)
-def test_the_wgmma_loop_over_fp8_rows_matches_the_reference(cuda, seed, spec_name, tiles, case):
+@pytest.mark.parametrize("spec_name, tiles", SM90_CASES)
+def test_the_sm90_loops_match_the_reference(cuda, seed, spec_name, tiles, case):
     if torch.cuda.get_device_capability(cuda) != (9, 0):
-        pytest.skip("the wgmma loop needs sm_90 (an H100 / H200)")
+        pytest.skip("the wgmma loops need sm_90 (an H100 / H200)")
     check_tiling(cuda, seed, spec_name, "sm_90", tiles)

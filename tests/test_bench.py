@@ -73,6 +73,13 @@ def test_kgen_bench_without_gpu_is_one_line():
     assert "needs a CUDA GPU" in result.output and "Traceback" not in result.output
 
 
+def test_bench_tiles_that_are_no_tiling_are_an_error_before_the_gpu_is_looked_for():
+    from bench.run import BenchError, run
+
+    with pytest.raises(BenchError, match=r"--tiles 'seesaw:32,x' is not a tiling \(wgmma:BN,STAGES,MIN_BLOCKS or"):
+        run(SPEC_DIR / "glm5_sm120.yaml", quick=True, tiles="seesaw:32,x")
+
+
 def _result(rows_per_head: int, triton: bool, peers: tuple[str, ...]) -> dict:
     """A results file as bench/run.py writes it: kgen times, and Triton's / the peers' where asked."""
     rows = []
@@ -157,7 +164,8 @@ def test_model_validate_reads_ncu_csv():
 
 def test_warm_plans_what_the_gpu_tests_load():
     """bench.warm's groups name the plans the GPU tests jit: the DSA group's specs are the ones the
-    backend derives (their names), the fp8 wgmma group runs the wgmma loop over fp8 rows."""
+    backend derives (their names), the sm_90 loops group runs the wgmma loop over fp8 rows and the
+    seesaw loop over bf16 rows."""
     from bench import warm
     from kgen.plan import plan
 
@@ -165,7 +173,7 @@ def test_warm_plans_what_the_gpu_tests_load():
     assert [s.name for s, _, _ in dsa] == ["sglang_dsa_h8_k2048_bf16_n4", "sglang_dsa_h8_k2048_bf16_n16",
                                            "sglang_dsa_h8_k2048_fp8_n16"]
     assert dsa[2][0].cache.per_block and dsa[2][0].model.index_topk == 2048
-    for spec, arch, tiles in warm.jobs("wgmma_fp8"):
+    for spec, arch, tiles in warm.jobs("sm90_loops"):
         p = plan(spec, arch, tiles)
-        assert p.tiles.design == "wgmma" and spec.cache.kv_dtype == "float8_e4m3fn"
+        assert (p.tiles.design, spec.cache.kv_dtype) in {("wgmma", "float8_e4m3fn"), ("seesaw", "bfloat16")}
     assert {s.name for s, _, _ in warm.jobs("sparse")} >= {"glm5_dsa_sm120", "glm5_dsa_bf16_sm120"}

@@ -13,7 +13,8 @@ from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
 from kgen.arch import ArchError, get_arch
-from kgen.designs import MmaSyncTiles, OverlapTiles, WgmmaTiles
+from kgen.designs import MmaSyncTiles, OverlapTiles, SeesawTiles, WgmmaTiles
+from kgen.designs import seesaw as seesaw_design
 from kgen.designs import wgmma as wgmma_design
 from kgen.model import Shape, work_items
 from kgen.plan import plan
@@ -346,3 +347,36 @@ def test_the_wgmma_loop_leaves_e4m3_mmas_to_mma_sync():
     assert plan(e4m3, "sm_90").tiles.design == "mma_sync"
     with pytest.raises(PlanError, match=r"bf16 or fp8 \(cache.mma f16\)"):
         plan(e4m3, "sm_90", WgmmaTiles(stages=3))
+
+
+# The seesaw loop (sm_90's second wgmma loop, bf16 rows): each consumer scores alternate tiles over
+# all dims, so Q's first 512 dims sit in shared memory (its rope in registers) beside 4 ring stages of
+# 32 rows, the two consumers' probability tiles and the per-row values they pass, within 227 KB.
+
+
+def test_the_seesaw_loop_fits_four_stages_and_compiles_for_sm90a(tmp_path):
+    spec, arch = kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), get_arch("sm_90")
+    p = plan(spec, "sm_90", SeesawTiles())
+    layout = p.tiles.layout(spec)
+    assert layout["STAGE_BYTES"] == 9 * 32 * 128 and layout["Q_SMEM_OFF"] == 4 * layout["STAGE_BYTES"]
+    assert layout["Q_SLABS"] == 8 and layout["P_OFF"] == layout["Q_SMEM_OFF"] + 8 * 64 * 128
+    assert layout["BAR_OFF"] == layout["ROW_OFF"] + 6 * 64 * 4 and layout["P_OFF"] % 1024 == 0
+    assert p.tiles.smem_bytes(spec) <= arch.smem_per_block
+    assert seesaw_design.DESIGN.candidates(spec, arch) == [SeesawTiles(stages=3), SeesawTiles(stages=4)]
+    built = {b.variant.name: b for b in build(p, ["sm_90"], KernelCache(tmp_path), inspect=True)}
+    for name in ("prefix_attn", "verify_attn", "tree_attn"):
+        b = built[name]
+        ops = set(sass.opcodes(sass.dump(b.cubin)))
+        # Q·K over all 576 dims in one m64n32 chain; P·V from registers and from the other's tile
+        assert {"HGMMA.64x32x16.F32.BF16", "HGMMA.64x256x16.F32.BF16"} <= ops and b.sass["LDGSTS"] > 0, name
+        # prefix_attn's producer reloads one word a tile at 24 registers (a 4-byte store and load)
+        assert b.report.spill_bytes <= (8 if name == "prefix_attn" else 0), (name, b.report)
+
+
+def test_the_seesaw_loop_takes_bf16_rows_on_wgmma_archs_only():
+    fp8 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml")
+    assert seesaw_design.DESIGN.candidates(fp8, get_arch("sm_90")) == []
+    with pytest.raises(PlanError, match="bf16 KV cache"):
+        plan(fp8, "sm_90", SeesawTiles())
+    with pytest.raises(PlanError, match="wgmma"):
+        plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), "sm_120", SeesawTiles())

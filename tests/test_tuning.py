@@ -60,7 +60,7 @@ def test_tiles_text_round_trips_and_bad_text_names_the_forms():
     assert designs.text(MmaSyncTiles(32, 16, 2, 4, 1)) == "mma_sync:32,16,2,4,1"  # the tables' form
     for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2"):
         with pytest.raises(TuningError, match="wgmma:BN,STAGES,MIN_BLOCKS or mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS "
-                                              "or overlap:BN,STAGES,AHEAD,MIN_BLOCKS"):
+                                              "or overlap:BN,STAGES,AHEAD,MIN_BLOCKS or seesaw:BN,STAGES,MIN_BLOCKS"):
             parse_tiles(bad)
 
 

@@ -6,14 +6,16 @@ from __future__ import annotations
 from ..arch import Arch
 from ..errors import PlanError
 from ..spec import Spec
-from . import mma_sync, overlap, wgmma
+from . import mma_sync, overlap, seesaw, wgmma
 from .base import Design, Tiles, TileWork
 from .mma_sync import MmaSyncTiles
 from .overlap import OverlapTiles
+from .seesaw import SeesawTiles
 from .wgmma import WgmmaTiles
 
-# the first that plans wins; the overlap loop only where asked for (tiles, kgen tune): bench/NOTES.md v15
-DESIGNS: tuple[Design, ...] = (wgmma.DESIGN, mma_sync.DESIGN, overlap.DESIGN)
+# the first that plans wins; the overlap and seesaw loops only where asked for (tiles, kgen tune): bench/NOTES.md
+# v15, v23
+DESIGNS: tuple[Design, ...] = (wgmma.DESIGN, mma_sync.DESIGN, overlap.DESIGN, seesaw.DESIGN)
 _BY_NAME = {d.name: d for d in DESIGNS}
 
 
@@ -67,5 +69,5 @@ def text_forms() -> str:
     return " or ".join(d.text_form() for d in DESIGNS)
 
 
-__all__ = ["DESIGNS", "Design", "Tiles", "TileWork", "MmaSyncTiles", "OverlapTiles", "WgmmaTiles", "named", "of", "allowed",
+__all__ = ["DESIGNS", "Design", "Tiles", "TileWork", "MmaSyncTiles", "OverlapTiles", "SeesawTiles", "WgmmaTiles", "named", "of", "allowed",
            "choose", "text", "parse", "text_forms"]

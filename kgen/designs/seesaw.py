@@ -1,0 +1,86 @@
+"""sm_90's second wgmma loop (templates/attention_seesaw.cuh): the wgmma loop's producer warpgroup and
+ring, with "seesaw" consumers: each of the two consumer warpgroups scores every other KV tile over
+all dims and hands its probabilities to the other (O stays split by value dims), so one consumer's
+softmax runs under the other's MMAs instead of both exchanging partial scores each tile. bf16 rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..arch import Arch
+from ..spec import Spec
+from .base import Design, check, fitting, render_config
+from .wgmma import ALIGN_SLACK, BM, SLAB_ROW
+
+Q_REG_STEPS = 4  # Q·K's last k16 steps (the rope) read Q from registers; the rest from shared memory
+ROW_VALUES = 6  # per-row fp32 values the consumers pass: m0, alpha, m1, beta, two row sums
+
+
+@dataclass(frozen=True)
+class SeesawTiles:
+    bn: int = 32
+    stages: int = 4
+    min_blocks: int = 1
+
+    bm: ClassVar[int] = BM
+    threads: ClassVar[int] = 3 * 128
+    design: ClassVar[str] = "seesaw"
+
+    def layout(self, spec: Spec) -> dict[str, int]:
+        """Shared memory (bytes from a 1 KB-aligned base), as SeesawAttnConfig reads it: the swizzled
+        ring (D/64 column blocks of BN rows a stage), Q's first dims in swizzled column blocks, the
+        two consumers' probability tiles, the per-row values, the ring's barriers, the alignment
+        slack."""
+        m = spec.model
+        check(spec.cache.kv_dtype == "bfloat16" and m.head_dim - m.value_dim == 64 and m.value_dim == 512
+              and self.bn == 32 and self.stages >= 2,
+              f"seesaw tiles {self}: the seesaw loop takes a bf16 KV cache, value width 512, 64 rope dims, "
+              f"BN=32 and at least 2 stages")
+        slab, tile = self.bn * SLAB_ROW, BM * SLAB_ROW
+        stage_bytes = (m.head_dim // 64) * slab
+        q_slabs = (m.head_dim // 16 - Q_REG_STEPS) // 4
+        q_off = self.stages * stage_bytes
+        p_off = q_off + q_slabs * tile
+        row_off = p_off + 2 * tile
+        bar_off = row_off + ROW_VALUES * BM * 4
+        end = bar_off + 2 * self.stages * 8
+        return {"Q_REG_STEPS": Q_REG_STEPS, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
+                "Q_SMEM_OFF": q_off, "Q_SLAB": tile, "P_OFF": p_off, "P_TILE": tile, "ROW_OFF": row_off,
+                "BAR_OFF": bar_off, "SMEM_BYTES": end + ALIGN_SLACK,
+                "SCRATCH_OFF": p_off}  # the schedule's scratch: the probability tiles are free until the first tile
+
+    def smem_bytes(self, spec: Spec) -> int:
+        return self.layout(spec)["SMEM_BYTES"]
+
+    def config(self, spec: Spec) -> str:
+        m = spec.model
+        return render_config("the seesaw loop (kgen/designs/seesaw.py)", self.layout(spec),
+                             f"kgen::SeesawAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, "
+                             f"{self.stages}, Layout>")
+
+    def describe(self) -> str:
+        return (f"seesaw loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, producer warpgroup "
+                f"+ 2 consumer warpgroups (alternate tiles, value dims split), {self.stages} stages")
+
+
+class Seesaw(Design):
+    name = "seesaw"
+    header = "attention_seesaw.cuh"
+    tiles = SeesawTiles
+    requires = ("wgmma",)
+    sass_expect = ("HGMMA", "LDGSTS")  # warpgroup MMAs fed by cp.async
+    heuristic = False  # kgen tune and tiles overrides run it until it measures ahead
+
+    def choose(self, spec: Spec, arch: Arch) -> SeesawTiles:
+        """4 stages where the spec (bf16 rows) and shared memory allow them."""
+        return fitting(spec, arch, SeesawTiles(), "seesaw")
+
+    def candidates(self, spec: Spec, arch: Arch) -> list[SeesawTiles]:
+        if spec.cache.kv_dtype != "bfloat16":
+            return []
+        return [t for t in (SeesawTiles(stages=s) for s in (3, 4)) if t.smem_bytes(spec) <= arch.smem_per_block]
+
+
+DESIGN = Seesaw()

@@ -1,0 +1,250 @@
+// The KV ring of the sm_90 loops (attention_wgmma.cuh, attention_seesaw.cuh): BM = 64 query rows, a
+// producer warpgroup (threads 0..127) that stages each tile of BN key rows into a STAGES-deep ring of
+// 128-byte-swizzled column blocks (D/64 blocks of SLAB = BN x 128 bytes a stage), and the pieces two
+// consumer warpgroups read it with (their coordinates, wgmma descriptors, the stage's release).
+// bf16 rows are copied; fp8 rows go through two raw stages that the producer converts, exactly.
+#pragma once
+#include "kgen/rows.cuh"
+#include "kgen/wgmma_ptx.cuh"
+
+namespace kgen {
+
+// ---- fp8 rows: raw stages and their conversion into the bf16 ring ----
+
+// The 4 e4m3 values of v (byte 0 first) as two bf16x2 words: e4m3 -> f16 -> f32 -> bf16, each
+// step exact (e4m3 has 3 mantissa bits).
+__device__ __forceinline__ uint2 e4m3x4_to_bf16x4(unsigned v) {
+    const unsigned lo = e4m3x2_to_f16x2(v), hi = e4m3x2_to_f16x2(v >> 16);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    return {pack_bf16x2(a.x, a.y), pack_bf16x2(b.x, b.y)};
+}
+
+// 16 bytes of bf16 (dims 8 * chunk .. + 7 of a row) at their place in a swizzled stage.
+template <class C>
+__device__ __forceinline__ char* stage_chunk(char* stage, int row, int chunk) {
+    return stage + (chunk / 8) * C::SLAB + sw128_offset(row, chunk % 8);
+}
+
+// A raw stage holds BN rows of e4m3 bytes. Producer thread `sub` of row `row` copies the row's
+// 16-byte chunks sub, sub + ROW_THREADS, ... into it and converts the same chunks, so every raw
+// byte a producer thread reads it copied itself and the producers never wait for each other.
+// (src is made opaque first: otherwise the compiler folds the row's slot * KV_ROW into every
+// chunk's address, keeps a 64-bit offset per chunk live and spills the producer.)
+template <class C>
+__device__ __forceinline__ void copy_raw_row(char* raw_stage, const char* src, int row, int sub) {
+    char* raw = raw_stage + row * C::RAW_ROW + sub * 16;
+    src += sub * 16;
+    asm("" : "+l"(src));  // then constant offsets: one address a row
+#pragma unroll
+    for (int i = 0; i < C::RAW_CHUNKS / C::ROW_THREADS; ++i)
+        cp_async16(raw + i * C::ROW_THREADS * 16, src + i * C::ROW_THREADS * 16);
+}
+
+// A ring stage's block scales (DSA rows): [BN][4] fp32, each key's as its row stores them.
+template <class C>
+__device__ __forceinline__ float* stage_scales(char* smem, int stage) {
+    return reinterpret_cast<float*>(smem + C::SCALE_OFF) + stage * C::BN * (C::DV / C::Row::SCALE_BLOCK);
+}
+
+// DSA rows: the rest of the row straight into ring stage `stage`: its bf16 rope chunks to their
+// place (thread sub takes chunks sub, sub + ROW_THREADS, ...) and, by thread 0 of the row, its
+// 4 block scales.
+template <class C>
+__device__ __forceinline__ void copy_row_rest(char* smem, int stage, const char* src, int row, int sub) {
+    constexpr int ROPE_CHUNKS = (C::D - C::DV) * 2 / 16;
+    static_assert(ROPE_CHUNKS % C::ROW_THREADS == 0, "rope chunks per producer thread");
+    char* dst = smem + stage * C::STAGE_BYTES;
+#pragma unroll
+    for (int k = sub; k < ROPE_CHUNKS; k += C::ROW_THREADS)
+        cp_async16(stage_chunk<C>(dst, row, C::DV / 8 + k), src + C::Row::ROPE_OFF + k * 16);
+    if (sub == 0) cp_async16(stage_scales<C>(smem, stage) + row * 4, src + C::Row::SCALE_OFF);
+}
+
+// The e4m3 chunks of a raw row into the ring as bf16.
+template <class C>
+__device__ __forceinline__ void convert_row(const char* raw_stage, char* stage, int row, int sub) {
+    const char* raw = raw_stage + row * C::RAW_ROW;
+#pragma unroll 4  // chunks in flight: the conversion's latency is what the consumers wait for
+    for (int c = sub; c < C::RAW_CHUNKS; c += C::ROW_THREADS) {
+        const uint4 v = *reinterpret_cast<const uint4*>(raw + c * 16);
+        const uint2 a = e4m3x4_to_bf16x4(v.x), b = e4m3x4_to_bf16x4(v.y);
+        const uint2 d = e4m3x4_to_bf16x4(v.z), e = e4m3x4_to_bf16x4(v.w);
+        *reinterpret_cast<uint4*>(stage_chunk<C>(stage, row, 2 * c)) = make_uint4(a.x, a.y, b.x, b.y);
+        *reinterpret_cast<uint4*>(stage_chunk<C>(stage, row, 2 * c + 1)) = make_uint4(d.x, d.y, e.x, e.y);
+    }
+}
+
+// The producer over fp8 rows: tile t + 1's raw rows are copied while tile t is converted into the
+// ring stage the consumers freed; fenced for wgmma's reads (async proxy), then the thread arrives.
+// DSA rows: once the stage is free the rest of tile t's rows is copied into it, and a cp.async
+// arrival on the stage's barrier (tracking those copies, issued before tile t + 1's) counts too.
+template <class C, class Keys>
+__device__ __forceinline__ void wg_produce_fp8(char* smem, int& ring_pos, const Keys& keys, int num_keys,
+                                               int tile_begin, int tile_end) {
+    if (tile_begin >= tile_end) return;
+    const int row = threadIdx.x / C::ROW_THREADS, sub = threadIdx.x % C::ROW_THREADS;
+    auto raw_stage = [&](int tile) { return smem + C::RAW_OFF + (tile % 2) * C::RAW_STAGE_BYTES; };
+    auto src = [&](int tile) {
+        const PendingRow p = fetch_row<C::BN>(tile, row, num_keys, keys);
+        return keys.row(p.j, p.fetched);
+    };
+    copy_raw_row<C>(raw_stage(tile_begin), src(tile_begin), row, sub);
+    for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
+        cp_async_wait_all();  // this thread's copies of tile
+        if constexpr (!C::KV_SCALED)
+            if (tile + 1 < tile_end) copy_raw_row<C>(raw_stage(tile + 1), src(tile + 1), row, sub);
+        const int stage = ring_wait_free<C>(smem, ring_pos);
+        if constexpr (C::KV_SCALED) {  // the row's address again (its page id is in L1): fewer live registers
+            copy_row_rest<C>(smem, stage, src(tile), row, sub);
+            cp_async_arrive(ring_full<C>(smem, stage));
+            if (tile + 1 < tile_end) copy_raw_row<C>(raw_stage(tile + 1), src(tile + 1), row, sub);
+        }
+        convert_row<C>(raw_stage(tile), smem + stage * C::STAGE_BYTES, row, sub);
+        fence_async_shared();
+        mbar_arrive(ring_full<C>(smem, stage));
+    }
+}
+
+// Producer thread p (of 128) stages 16-byte chunks sub, sub + ROW_THREADS, ... of row p / ROW_THREADS
+// of every tile of the range, as soon as the consumers free a stage.
+template <class C, class Keys>
+__device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys& keys, int num_keys, int tile_begin,
+                                           int tile_end) {
+    if (tile_begin >= tile_end) return;
+    const int row = threadIdx.x / C::ROW_THREADS, sub = threadIdx.x % C::ROW_THREADS;
+    PendingRow next = fetch_row<C::BN>(tile_begin, row, num_keys, keys);
+    for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
+        const PendingRow cur = next;
+        if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, row, num_keys, keys);
+        const int stage = ring_wait_free<C>(smem, ring_pos);
+        const char* src = keys.row(cur.j, cur.fetched);
+        char* dst = smem + stage * C::STAGE_BYTES;
+#pragma unroll
+        for (int i = 0; i < C::ROW_CHUNKS / C::ROW_THREADS; ++i) {
+            const int chunk = sub + i * C::ROW_THREADS;
+            cp_async16(dst + (chunk / 8) * C::SLAB + sw128_offset(row, chunk % 8), src + chunk * 16);
+        }
+        cp_async_arrive(ring_full<C>(smem, stage));
+    }
+}
+
+// A consumer thread's coordinates: consumer (0/1), warp in the warpgroup, fragment row g and
+// column pair t. Recomputed where needed rather than held through the loop (registers are short).
+struct WgCoords {
+    int c, warp, g, t;
+    __device__ __forceinline__ static WgCoords of() {
+        return {static_cast<int>(threadIdx.x) / 128 - 1, static_cast<int>(threadIdx.x / 32) % 4,
+                static_cast<int>(threadIdx.x % 32) / 4, static_cast<int>(threadIdx.x) % 4};
+    }
+};
+
+// Descriptor `desc` moved `bytes` further into shared memory (the start address field is in 16 B).
+__device__ __forceinline__ unsigned long long desc_add(unsigned long long desc, int bytes) { return desc + (bytes >> 4); }
+
+// Byte offset of the 16 dims from `dim` in a tile of 64-dim swizzled column blocks of `slab` bytes.
+__device__ __forceinline__ constexpr int dim_offset(int dim, int slab) { return dim / 64 * slab + dim % 64 * 2; }
+
+// A consumer warp is done with a stage: one arrival on its empty barrier.
+__device__ __forceinline__ void wg_release(mbarrier* empty) {
+    if (threadIdx.x % 32 == 0) mbar_arrive(empty);  // this warp is done with the stage
+}
+
+// A consumer thread's state: Q fragments of its register k-steps, O accumulator of its value dims
+// (columns 0..127 and 128..255: an m64n128 accumulator each), and the online softmax of its two rows
+// (g and g + 8 of its warp's 16): running max (log2 domain) and this thread's share of the running sum.
+template <class C>
+struct WgConsumer {
+    unsigned qf[C::Q_REG_STEPS > 0 ? C::Q_REG_STEPS : 1][4];
+    float o[2][C::WG_DV / 4];
+    float row_max[2], row_sum[2];
+    __device__ __forceinline__ float& o_at(int i) { return o[i / (C::WG_DV / 4)][i % (C::WG_DV / 4)]; }
+    __device__ __forceinline__ float o_at(int i) const { return o[i / (C::WG_DV / 4)][i % (C::WG_DV / 4)]; }
+};
+
+// Load this consumer's register-resident Q fragments (k-step ks from dim reg_dim(c, ks)); both
+// consumers stage the rest of Q into shared memory (column block `slab` from dim slab_dim0(slab)).
+template <class C, class QRows, class RegDim, class SlabDim>
+__device__ __forceinline__ void wg_begin(char* smem, WgConsumer<C>& st, const QRows& q_rows, int num_rows,
+                                         const RegDim& reg_dim, const SlabDim& slab_dim0) {
+    const WgCoords w = WgCoords::of();
+    // Rows past num_rows repeat the last row: padding, never written back as a result.
+    const int r = w.warp * 16 + w.g;
+    const char* lo = q_rows.row(min(r, num_rows - 1), 0);
+    const char* hi = q_rows.row(min(r + 8, num_rows - 1), 0);
+#pragma unroll
+    for (int ks = 0; ks < C::Q_REG_STEPS; ++ks) {
+        const int d = (reg_dim(w.c, ks) + 2 * w.t) * 2;  // byte offset in a bf16 row
+        st.qf[ks][0] = __ldg(reinterpret_cast<const unsigned*>(lo + d));
+        st.qf[ks][1] = __ldg(reinterpret_cast<const unsigned*>(hi + d));
+        st.qf[ks][2] = __ldg(reinterpret_cast<const unsigned*>(lo + d + 16));
+        st.qf[ks][3] = __ldg(reinterpret_cast<const unsigned*>(hi + d + 16));
+    }
+    // Q's smem part by cp.async, all of a thread's chunks in flight at once (through registers it
+    // took one load's latency per chunk: 7% of the DSA rows' consumer samples), through L1 (a decode
+    // tile's padding rows repeat its one real row: bench/NOTES.md v21).
+    constexpr int Q_CHUNKS = C::BM * C::Q_SLABS * 8;  // 16-byte chunks of Q's smem part, 8 a column block row
+    static_assert(Q_CHUNKS % 256 == 0, "every consumer thread copies as many of Q's chunks");
+#pragma unroll
+    for (int i = threadIdx.x - 128; i < Q_CHUNKS; i += 256) {
+        const int row = i % C::BM, chunk = i / C::BM, slab = chunk / 8;
+        const char* src = q_rows.row(min(row, num_rows - 1), 0) + (slab_dim0(slab) + (chunk % 8) * 8) * 2;
+        cp_async16_l1(smem + C::Q_SMEM_OFF + slab * C::Q_SLAB + sw128_offset(row, chunk % 8), src);
+    }
+    cp_async_wait_all();
+    fence_async_shared();  // Q's smem part is read by wgmma (async proxy)
+    named_barrier(C::EXCHANGE_BAR, 256);
+#pragma unroll
+    for (int i = 0; i < C::WG_DV / 2; ++i) st.o_at(i) = 0.f;
+    st.row_max[0] = st.row_max[1] = neg_inf();
+    st.row_sum[0] = st.row_sum[1] = 0.f;
+}
+
+// Keys past the range and keys a row does not see score -inf in a tile's scores s[4i + 2h + e]
+// (row g + 8h, key 8i + 2t + e); whole prefix tiles skip the test.
+template <class C, class Visible>
+__device__ __forceinline__ void wg_mask(float (&s)[16], int tile, int num_keys, const Visible& visible) {
+    if (Visible::ALL && (tile + 1) * C::BN <= num_keys) return;
+    const WgCoords w = WgCoords::of();
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = tile * C::BN + 8 * i + 2 * w.t + e, r = w.warp * 16 + w.g + 8 * h;
+                if (!(key < num_keys && visible(r, key))) s[4 * i + 2 * h + e] = neg_inf();
+            }
+}
+
+// Row max of row h's raw scores (the scale is positive, so it commutes with max), as a tree.
+__device__ __forceinline__ float wg_row_max(const float (&s)[16], int h) {
+    float m = fmaxf(fmaxf(fmaxf(s[2 * h], s[2 * h + 1]), fmaxf(s[4 + 2 * h], s[5 + 2 * h])),
+                    fmaxf(fmaxf(s[8 + 2 * h], s[9 + 2 * h]), fmaxf(s[12 + 2 * h], s[13 + 2 * h])));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+// Row h's scores become their probabilities 2^(s scale_log2 - ref); returns this thread's share of
+// their sum.
+__device__ __forceinline__ float wg_exp_row(float (&s)[16], int h, float scale_log2, float ref) {
+    float p[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) p[2 * i + e] = s[4 * i + 2 * h + e] = exp2_fast(fmaf(s[4 * i + 2 * h + e], scale_log2, -ref));
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+// O *= alpha (per row h), skipped once the maxima settle (alpha is exactly 1). No P·V may be in flight.
+template <class C>
+__device__ __forceinline__ void wg_rescale_o(WgConsumer<C>& st, const float (&alpha)[2]) {
+    if (__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) return;
+#pragma unroll
+    for (int j = 0; j < C::WG_DV / 8; ++j) {
+        st.o_at(4 * j) *= alpha[0]; st.o_at(4 * j + 1) *= alpha[0];
+        st.o_at(4 * j + 2) *= alpha[1]; st.o_at(4 * j + 3) *= alpha[1];
+    }
+}
+
+}  // namespace kgen
