@@ -1,6 +1,6 @@
 // MLA attention on sm_90 (H100/H200) with warpgroup MMAs and "seesaw" consumers: BM = 64 packed
-// (token, head) query rows against a range of bf16 KV rows, producing the partial state (fp32 o,
-// normalized, and lse) every loop design produces.
+// (token, head) query rows against a range of KV rows (bf16, or e4m3 with one kv_scale), producing
+// the partial state (fp32 o, normalized, and lse) every loop design produces.
 //
 // Why a second sm_90 loop (bench/NOTES.md v23): the wgmma loop's consumers split Q·K's dims, so
 // every tile they swap partial scores through shared memory and run the same softmax in lockstep,
@@ -19,6 +19,9 @@
 // the end.
 // - The producer warpgroup, the ring (BN = 32 keys a stage, 4 stages: a stage is refilled a whole
 //   pair before it is read again) and the consumers' state are the wgmma loop's (wgmma_ring.cuh).
+//   fp8 rows (per-tensor): the producer converts each tile's e4m3 bytes into the bf16 ring, exactly,
+//   from two raw stages (RAW_OFF), as in the wgmma loop; 3 stages fit beside them; kv_scale
+//   multiplies the scores and O.
 // - Q: k-steps 0 .. Q_SMEM_STEPS - 1 from a swizzled copy in shared memory (both consumers read it),
 //   the last Q_REG_STEPS (the rope) from each thread's registers.
 // - Shared memory beyond the ring and Q: the two consumers' probability tiles (P_OFF: [c][BM rows of
@@ -29,11 +32,13 @@
 
 namespace kgen {
 
-template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, class Layout>
+template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, class Layout>
 struct SeesawAttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
-    static constexpr bool KV_FP8 = false, KV_SCALED = false;  // bf16 rows only
-    static constexpr int KV_ROW = D * 2;
+    static constexpr bool KV_FP8 = KV_FP8_;  // e4m3 rows with one kv_scale, converted by the producer
+    static constexpr bool KV_SCALED = false;  // the DSA pool's rows keep the wgmma loop
+    static constexpr int KV_ROW = KV_FP8 ? D : D * 2;  // bytes per KV row in the cache
+    static constexpr int RAW_ROW = KV_ROW, RAW_CHUNKS = RAW_ROW / 16;  // a raw stage's rows (fp8)
     static constexpr int THREADS = 3 * 128;  // producer warpgroup, two consumer warpgroups
     static constexpr int CONSUMER_WARPS = 8;
     using Layout::Q_REG_STEPS, Layout::Q_SLABS, Layout::SLAB, Layout::STAGE_BYTES;
@@ -42,7 +47,8 @@ struct SeesawAttnConfig : Layout {
     static constexpr int Q_SMEM_STEPS = K_STEPS - Q_REG_STEPS;  // the first ones read Q from shared memory
     static constexpr int ROW_CHUNKS = D * 2 / 16;              // 16-byte chunks of a staged row
     static constexpr int ROW_THREADS = 128 / BN;               // producer threads per staged row
-    static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;  // 128 * P + 256 * C <= 384 * 168
+    // 128 * P + 256 * C <= 384 * 168; fp8 rows: the conversion is latency-bound (bench/NOTES.md v22b)
+    static constexpr int PRODUCER_REGS = KV_FP8 ? 40 : 24, CONSUMER_REGS = KV_FP8 ? 232 : 240;
     // named barriers of the 256 consumer threads: Q staged / row sums in; consumer 0's max and alpha
     // are in; consumer 1's max and beta; consumer 0's probability tile; consumer 1's
     static constexpr int EXCHANGE_BAR = 1, MAX0_BAR = 2, MAX1_BAR = 3, P0_BAR = 4, P1_BAR = 5;
@@ -50,7 +56,7 @@ struct SeesawAttnConfig : Layout {
 
     static_assert(D - DV == 64 && WG_DV == 256, "written for 64 rope dims and m64n256 P·V");
     static_assert(BN == 32, "Q·K uses m64n32k16 wgmmas; a probability tile's row is 64 of its 128 bytes");
-    static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0, "producer layout");
+    static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && RAW_CHUNKS % ROW_THREADS == 0, "producer layout");
     static_assert(SLAB == BN * 128 && STAGE_BYTES == (D / 64) * SLAB && STAGE_BYTES % 1024 == 0,
                   "swizzled tiles of 128-byte rows start 1024-byte aligned");
     static_assert(Q_REG_STEPS % 4 == 0 && Q_SLABS * 4 == Q_SMEM_STEPS, "Q's smem part is whole column blocks");
@@ -313,11 +319,12 @@ __device__ __forceinline__ void ss_consume(char* smem, WgConsumer<C>& st, int& r
     ring_pos = pos0 + tile_end;
 }
 
-// Both consumers' row sums make l; write this consumer's half of part_o[BM][DV] normalized, and
-// (consumer 0) part_lse[BM] (natural log; -inf for rows that saw nothing).
+// Both consumers' row sums make l; write this consumer's half of part_o[BM][DV] normalized (times
+// out_scale: fp8 rows' kv_scale), and (consumer 0) part_lse[BM] (natural log; -inf for rows that saw
+// nothing).
 template <class C, int ROLE>
 __device__ __forceinline__ void ss_end(char* smem, const WgConsumer<C>& st, float* __restrict__ part_o,
-                                       float* __restrict__ part_lse) {
+                                       float* __restrict__ part_lse, float out_scale) {
     const WgCoords w = WgCoords::of();
     float sum[2];
 #pragma unroll
@@ -332,7 +339,7 @@ __device__ __forceinline__ void ss_end(char* smem, const WgConsumer<C>& st, floa
     for (int h = 0; h < 2; ++h) {
         const int r = w.warp * 16 + w.g + 8 * h;
         const float l = sum[h] + *row_value<C>(smem, C::SUM1 - ROLE, r);
-        const float inv = row_inv_l(l, 1.f);
+        const float inv = row_inv_l(l, out_scale);
         if (ROLE == 0 && w.t == 0) part_lse[r] = row_lse(st.row_max[h], l);
         float* out = part_o + r * C::DV + ROLE * C::WG_DV + 2 * w.t;
 #pragma unroll
@@ -342,11 +349,13 @@ __device__ __forceinline__ void ss_end(char* smem, const WgConsumer<C>& st, floa
     }
 }
 
-// Consumer ROLE's whole part: Q, the ranges, the partial state.
+// Consumer ROLE's whole part: Q, the ranges, the partial state. fp8 rows' kv_scale multiplies the
+// scores (folded into scale_log2) and O.
 template <class C, int ROLE, class QRows, class First, class SecondFn>
 __device__ __forceinline__ void ss_consumer(char* smem, const QRows& q_rows, int num_rows, float scale_log2,
-                                            const First& first, const SecondFn& second_fn, float* __restrict__ part_o,
-                                            float* __restrict__ part_lse) {
+                                            float kv_scale, const First& first, const SecondFn& second_fn,
+                                            float* __restrict__ part_o, float* __restrict__ part_lse) {
+    if constexpr (C::KV_FP8) scale_log2 *= kv_scale;
     WgConsumer<C> st;
     wg_begin<C>(smem, st, q_rows, num_rows, [](int, int ks) { return (C::Q_SMEM_STEPS + ks) * 16; },
                 [](int slab) { return 64 * slab; });
@@ -356,36 +365,41 @@ __device__ __forceinline__ void ss_consumer(char* smem, const QRows& q_rows, int
     if constexpr (is_key_range<decltype(second_fn())>)
         ss_consume<C, ROLE>(smem, st, ring_pos, second.num_keys, second.visible, second.tile_begin, second.tile_end,
                             scale_log2);
-    ss_end<C, ROLE>(smem, st, part_o, part_lse);
+    ss_end<C, ROLE>(smem, st, part_o, part_lse, C::KV_FP8 ? kv_scale : 1.f);
 }
 
 // Attention of the CTA's BM query rows over the key range `first`, then the range second() returns
 // (NoKeys: none; made once the first is done), one online softmax; writes the partial state to
-// part_o / part_lse. Every thread calls it. (kv_scale: bf16 rows have none.)
+// part_o / part_lse. Every thread calls it. kv_scale: fp8 rows' (bf16 rows have none).
 template <class C, class QRows, class First, class SecondFn>
-__device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int num_rows, float scale_log2, float,
-                                       const First& first, const SecondFn& second_fn, float* __restrict__ part_o,
-                                       float* __restrict__ part_lse) {
+__device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int num_rows, float scale_log2,
+                                       float kv_scale, const First& first, const SecondFn& second_fn,
+                                       float* __restrict__ part_o, float* __restrict__ part_lse) {
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
     if (threadIdx.x == 0) {
-        ring_init<C>(smem, 128, C::CONSUMER_WARPS);  // every producer thread's copies; every consumer warp
+        ring_init<C>(smem, 128, C::CONSUMER_WARPS);  // every producer thread (its copies; fp8: its conversion); every consumer warp
         mbar_init_fence();
     }
     __syncthreads();
     if (threadIdx.x < 128) {
         setmaxnreg_dec<C::PRODUCER_REGS>();
         int ring_pos = 0;
-        wg_produce<C>(smem, ring_pos, first.keys, first.num_keys, first.tile_begin, first.tile_end);
+        auto produce = [&](const auto& range) {
+            if constexpr (C::KV_FP8)
+                wg_produce_fp8<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
+            else
+                wg_produce<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
+        };
+        produce(first);
         const auto second = second_fn();
-        if constexpr (is_key_range<decltype(second_fn())>)
-            wg_produce<C>(smem, ring_pos, second.keys, second.num_keys, second.tile_begin, second.tile_end);
+        if constexpr (is_key_range<decltype(second_fn())>) produce(second);
         cp_async_wait_all();  // nothing of this thread is in flight when it exits
     } else {
         setmaxnreg_inc<C::CONSUMER_REGS>();
         if (threadIdx.x < 256)
-            ss_consumer<C, 0>(smem, q_rows, num_rows, scale_log2, first, second_fn, part_o, part_lse);
+            ss_consumer<C, 0>(smem, q_rows, num_rows, scale_log2, kv_scale, first, second_fn, part_o, part_lse);
         else
-            ss_consumer<C, 1>(smem, q_rows, num_rows, scale_log2, first, second_fn, part_o, part_lse);
+            ss_consumer<C, 1>(smem, q_rows, num_rows, scale_log2, kv_scale, first, second_fn, part_o, part_lse);
     }
 }
 

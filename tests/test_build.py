@@ -373,10 +373,27 @@ def test_the_seesaw_loop_fits_four_stages_and_compiles_for_sm90a(tmp_path):
         assert b.report.spill_bytes <= (8 if name == "prefix_attn" else 0), (name, b.report)
 
 
-def test_the_seesaw_loop_takes_bf16_rows_on_wgmma_archs_only():
-    fp8 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml")
-    assert seesaw_design.DESIGN.candidates(fp8, get_arch("sm_90")) == []
-    with pytest.raises(PlanError, match="bf16 KV cache"):
-        plan(fp8, "sm_90", SeesawTiles())
+def test_the_seesaw_loop_takes_per_tensor_fp8_rows_in_three_stages_beside_the_raw_stages(tmp_path):
+    spec, arch = kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml"), get_arch("sm_90")
+    assert seesaw_design.DESIGN.choose(spec, arch) == SeesawTiles(stages=3)
+    assert seesaw_design.DESIGN.candidates(spec, arch) == [SeesawTiles(stages=3)]  # 4 do not fit 227 KB
+    p = plan(spec, "sm_90", SeesawTiles(stages=3))
+    layout = p.tiles.layout(spec)
+    assert layout["RAW_STAGE_BYTES"] == 32 * 576 and layout["RAW_OFF"] % 128 == 0
+    assert layout["SMEM_BYTES"] == layout["RAW_OFF"] + 2 * 32 * 576 + 1024 <= arch.smem_per_block
+    verify = p.variant("verify_attn")
+    assert "32, 3, true, Layout>" in render(verify)
+    [b] = build(p.__class__(p.spec, p.arch, p.tiles, (verify,), p.budget), ["sm_90"], KernelCache(tmp_path),
+                inspect=True)
+    assert b.sass["HGMMA"] > 0 and b.report.spill_bytes == 0, b.report
+
+
+def test_the_seesaw_loop_leaves_the_dsa_pools_rows_e4m3_mmas_and_wgmma_less_archs():
+    arch = get_arch("sm_90")
+    for name, why in (("glm5_dsa_fp8_sm120", "per-tensor fp8"), ("glm5_fp8_mma_e4m3_sm120", "cache.mma f16")):
+        spec = kgen.load_spec(ROOT / "specs" / f"{name}.yaml")
+        assert seesaw_design.DESIGN.candidates(spec, arch) == []
+        with pytest.raises(PlanError, match=why):
+            plan(spec, "sm_90", SeesawTiles(stages=3))
     with pytest.raises(PlanError, match="wgmma"):
         plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), "sm_120", SeesawTiles())

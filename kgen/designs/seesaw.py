@@ -1,7 +1,9 @@
 """sm_90's second wgmma loop (templates/attention_seesaw.cuh): the wgmma loop's producer warpgroup and
 ring, with "seesaw" consumers: each of the two consumer warpgroups scores every other KV tile over
 all dims and hands its probabilities to the other (O stays split by value dims), so one consumer's
-softmax runs under the other's MMAs instead of both exchanging partial scores each tile. bf16 rows.
+softmax runs under the other's MMAs instead of both exchanging partial scores each tile. bf16 rows,
+and per-tensor fp8 rows in f16 mode (the producer converts them into the bf16 ring, exactly, as the
+wgmma loop's does); the DSA pool's rows keep the wgmma loop.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import ClassVar
 
 from ..arch import Arch
 from ..spec import Spec
+from .. import kvrows
 from .base import Design, check, fitting, render_config
 from .wgmma import ALIGN_SLACK, BM, SLAB_ROW
 
@@ -31,13 +34,13 @@ class SeesawTiles:
     def layout(self, spec: Spec) -> dict[str, int]:
         """Shared memory (bytes from a 1 KB-aligned base), as SeesawAttnConfig reads it: the swizzled
         ring (D/64 column blocks of BN rows a stage), Q's first dims in swizzled column blocks, the
-        two consumers' probability tiles, the per-row values, the ring's barriers, the alignment
-        slack."""
+        two consumers' probability tiles, the per-row values, the ring's barriers, for fp8 rows two
+        raw stages, the alignment slack."""
         m = spec.model
-        check(spec.cache.kv_dtype == "bfloat16" and m.head_dim - m.value_dim == 64 and m.value_dim == 512
-              and self.bn == 32 and self.stages >= 2,
-              f"seesaw tiles {self}: the seesaw loop takes a bf16 KV cache, value width 512, 64 rope dims, "
-              f"BN=32 and at least 2 stages")
+        check(spec.cache.mma_type in ("bf16", "f16") and not spec.cache.per_block and m.head_dim - m.value_dim == 64
+              and m.value_dim == 512 and self.bn == 32 and self.stages >= 2,
+              f"seesaw tiles {self}: the seesaw loop takes a bf16 or per-tensor fp8 (cache.mma f16) KV cache, "
+              f"value width 512, 64 rope dims, BN=32 and at least 2 stages")
         slab, tile = self.bn * SLAB_ROW, BM * SLAB_ROW
         stage_bytes = (m.head_dim // 64) * slab
         q_slabs = (m.head_dim // 16 - Q_REG_STEPS) // 4
@@ -46,10 +49,16 @@ class SeesawTiles:
         row_off = p_off + 2 * tile
         bar_off = row_off + ROW_VALUES * BM * 4
         end = bar_off + 2 * self.stages * 8
-        return {"Q_REG_STEPS": Q_REG_STEPS, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
-                "Q_SMEM_OFF": q_off, "Q_SLAB": tile, "P_OFF": p_off, "P_TILE": tile, "ROW_OFF": row_off,
-                "BAR_OFF": bar_off, "SMEM_BYTES": end + ALIGN_SLACK,
-                "SCRATCH_OFF": p_off}  # the schedule's scratch: the probability tiles are free until the first tile
+        layout = {"Q_REG_STEPS": Q_REG_STEPS, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
+                  "Q_SMEM_OFF": q_off, "Q_SLAB": tile, "P_OFF": p_off, "P_TILE": tile, "ROW_OFF": row_off,
+                  "BAR_OFF": bar_off}
+        if spec.cache.kv_dtype != "bfloat16":  # two raw stages of e4m3 rows
+            raw_stage = -(-(self.bn * kvrows.row_bytes(spec)) // 128) * 128
+            end = -(-end // 128) * 128
+            layout.update(RAW_OFF=end, RAW_STAGE_BYTES=raw_stage)
+            end += 2 * raw_stage
+        # the schedule's scratch: the probability tiles are free until the first tile
+        return {**layout, "SMEM_BYTES": end + ALIGN_SLACK, "SCRATCH_OFF": p_off}
 
     def smem_bytes(self, spec: Spec) -> int:
         return self.layout(spec)["SMEM_BYTES"]
@@ -58,7 +67,7 @@ class SeesawTiles:
         m = spec.model
         return render_config("the seesaw loop (kgen/designs/seesaw.py)", self.layout(spec),
                              f"kgen::SeesawAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, "
-                             f"{self.stages}, Layout>")
+                             f"{self.stages}, {str(spec.cache.kv_dtype != 'bfloat16').lower()}, Layout>")
 
     def describe(self) -> str:
         return (f"seesaw loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, producer warpgroup "
@@ -74,12 +83,15 @@ class Seesaw(Design):
     heuristic = False  # kgen tune and tiles overrides run it until it measures ahead
 
     def choose(self, spec: Spec, arch: Arch) -> SeesawTiles:
-        """4 stages where the spec (bf16 rows) and shared memory allow them."""
-        return fitting(spec, arch, SeesawTiles(), "seesaw")
+        """The deepest ring that fits (bf16 rows: 4 stages; fp8 rows: 3 beside the raw stages)."""
+        for stages in (4, 3):
+            if SeesawTiles(stages=stages).smem_bytes(spec) <= arch.smem_per_block:
+                return SeesawTiles(stages=stages)
+        return fitting(spec, arch, SeesawTiles(stages=2), "seesaw")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[SeesawTiles]:
-        if spec.cache.kv_dtype != "bfloat16":
-            return []
+        if spec.cache.mma_type not in ("bf16", "f16") or spec.cache.per_block:
+            return []  # e4m3 MMAs keep mma.sync, the DSA pool's rows the wgmma loop
         return [t for t in (SeesawTiles(stages=s) for s in (3, 4)) if t.smem_bytes(spec) <= arch.smem_per_block]
 
 
