@@ -375,25 +375,9 @@ template <class C, class QRows, class First, class SecondFn>
 __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int num_rows, float scale_log2,
                                        float kv_scale, const First& first, const SecondFn& second_fn,
                                        float* __restrict__ part_o, float* __restrict__ part_lse) {
-    char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
-    if (threadIdx.x == 0) {
-        ring_init<C>(smem, 128, C::CONSUMER_WARPS);  // every producer thread (its copies; fp8: its conversion); every consumer warp
-        mbar_init_fence();
-    }
-    __syncthreads();
+    char* smem = wg_setup<C>(smem_raw, 128);  // a stage is full after every producer thread's copies (fp8: conversion)
     if (threadIdx.x < 128) {
-        setmaxnreg_dec<C::PRODUCER_REGS>();
-        int ring_pos = 0;
-        auto produce = [&](const auto& range) {
-            if constexpr (C::KV_FP8)
-                wg_produce_fp8<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
-            else
-                wg_produce<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
-        };
-        produce(first);
-        const auto second = second_fn();
-        if constexpr (is_key_range<decltype(second_fn())>) produce(second);
-        cp_async_wait_all();  // nothing of this thread is in flight when it exits
+        wg_producer<C>(smem, first, second_fn);
     } else {
         setmaxnreg_inc<C::CONSUMER_REGS>();
         if (threadIdx.x < 256)

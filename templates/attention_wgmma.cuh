@@ -422,29 +422,14 @@ __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int 
                                        float kv_scale, const First& first, const SecondFn& second_fn,
                                        float* __restrict__ part_o, float* __restrict__ part_lse) {
     constexpr bool PER_TENSOR = C::KV_FP8 && !C::KV_SCALED;
-    char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // swizzled tiles need 1024-byte alignment
-    if (threadIdx.x == 0) {
-        // every producer thread's conversion (DSA rows: and its cp.async arrival); every consumer warp
-        ring_init<C>(smem, C::KV_SCALED ? 2 * 128 : 128, C::CONSUMER_WARPS);
-        mbar_init_fence();
-    }
-    __syncthreads();
-    int ring_pos = 0;
+    // a stage is full after every producer thread's conversion (DSA rows: and its cp.async arrival)
+    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);
     if (threadIdx.x < 128) {
-        setmaxnreg_dec<C::PRODUCER_REGS>();
-        auto produce = [&](const auto& range) {
-            if constexpr (C::KV_FP8)
-                wg_produce_fp8<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
-            else
-                wg_produce<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
-        };
-        produce(first);
-        const auto second = second_fn();
-        if constexpr (is_key_range<decltype(second_fn())>) produce(second);
-        cp_async_wait_all();  // nothing of this thread is in flight when it exits
+        wg_producer<C>(smem, first, second_fn);
     } else {
         setmaxnreg_inc<C::CONSUMER_REGS>();
         if constexpr (PER_TENSOR) scale_log2 *= kv_scale;
+        int ring_pos = 0;
         WgConsumer<C> st;
         wg_begin<C>(smem, st, q_rows, num_rows, [](int c, int ks) { return step_dim<C>(c, ks); },
                     [](int slab) { return q_slab_dim0<C>(slab); });

@@ -129,6 +129,38 @@ __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys
     }
 }
 
+// The sm_90 loops' start (every thread): the dynamic shared memory base aligned up to 1 KB for the
+// swizzle, and the ring's barriers (a stage is full after `full_arrivals` producer arrivals, empty
+// after every consumer warp's).
+template <class C>
+__device__ __forceinline__ char* wg_setup(char* smem_raw, int full_arrivals) {
+    char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+    if (threadIdx.x == 0) {
+        ring_init<C>(smem, full_arrivals, C::CONSUMER_WARPS);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    return smem;
+}
+
+// The producer warpgroup's part of attend(): the tiles of `first`, then of the range second_fn()
+// returns (NoKeys: none), into the ring; it gives its registers to the consumers first.
+template <class C, class First, class SecondFn>
+__device__ __forceinline__ void wg_producer(char* smem, const First& first, const SecondFn& second_fn) {
+    setmaxnreg_dec<C::PRODUCER_REGS>();
+    int ring_pos = 0;
+    auto produce = [&](const auto& range) {
+        if constexpr (C::KV_FP8)
+            wg_produce_fp8<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
+        else
+            wg_produce<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
+    };
+    produce(first);
+    const auto second = second_fn();
+    if constexpr (is_key_range<decltype(second_fn())>) produce(second);
+    cp_async_wait_all();  // nothing of this thread is in flight when it exits
+}
+
 // A consumer thread's coordinates: consumer (0/1), warp in the warpgroup, fragment row g and
 // column pair t. Recomputed where needed rather than held through the loop (registers are short).
 struct WgCoords {
