@@ -13,7 +13,7 @@
 #   seesaw           19: the seesaw loop (v23): its GPU tests, bench.model_validate's wgmma / seesaw variants
 #                    on 10 shapes (what its model entry is fitted on), issue 19's table on it with the
 #                    peers (bench.run --tiles; .whl_peers), per-tensor fp8 rows on it and on the wgmma
-#                    loop (bench.dsa_rows), ncu of its verify kernel (~10 min)
+#                    loop and the DSA pool's rows on it (bench.dsa_rows), ncu of its verify kernel (~12 min)
 #   dsa_rows         20: page-64 / DSA-row verify and decode timings, the plans', then per-tensor fp8 on the
 #                    wgmma candidate (~60 s)
 #   sparse_bench     21: union, gather and FlashMLA's sparse decode (~60 s)
@@ -60,6 +60,7 @@ compute_t64,compute_b8_t64,small,small_b32,memory,h16_compute,h16_b16_t33
         step seesaw_peers 300 python3 -m bench.run --tiles seesaw:32,4,1 --shapes issue19 --no-triton --out "$out"
         step seesaw_fp8_rows 100 python3 -m bench.dsa_rows --formats fp8 --fp8-tiles seesaw:32,3,1 --out "$out"
         step wgmma_fp8_rows 100 python3 -m bench.dsa_rows --formats fp8 --fp8-tiles wgmma:32,3,1 --out "$out"
+        step seesaw_dsa_rows 100 python3 -m bench.dsa_rows --formats dsa --dsa-tiles seesaw:32,3,1 --out "$out"
         step ncu_bf16_seesaw 60 "${NCU[@]}" --spec specs/glm5_sm120.yaml --tiles seesaw:32,4,1 ;;
     sparse_bench) step sparse_bench 90 python3 -m bench.sparse --time-limit 60 --out "$out" ;;
     ncu) step ncu_fp8_rows_wgmma 60 "${NCU[@]}" --spec specs/glm5_dsa_fp8_sm120.yaml --tiles wgmma:32,3,1

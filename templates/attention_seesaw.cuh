@@ -1,6 +1,6 @@
 // MLA attention on sm_90 (H100/H200) with warpgroup MMAs and "seesaw" consumers: BM = 64 packed
-// (token, head) query rows against a range of KV rows (bf16, or e4m3 with one kv_scale), producing
-// the partial state (fp32 o, normalized, and lse) every loop design produces.
+// (token, head) query rows against a range of KV rows (bf16, e4m3 with one kv_scale, or the DSA
+// pool's rows), producing the partial state (fp32 o, normalized, and lse) every loop design produces.
 //
 // Why a second sm_90 loop (bench/NOTES.md v23): the wgmma loop's consumers split Q·K's dims, so
 // every tile they swap partial scores through shared memory and run the same softmax in lockstep,
@@ -22,6 +22,12 @@
 //   fp8 rows (per-tensor): the producer converts each tile's e4m3 bytes into the bf16 ring, exactly,
 //   from two raw stages (RAW_OFF), as in the wgmma loop; 3 stages fit beside them; kv_scale
 //   multiplies the scores and O.
+// - The DSA pool's rows (KV_SCALED: e4m3 latent | 4 fp32 block scales | bf16 rope): the ring holds
+//   the latent unscaled (exact) and the rope, the stage's block scales at SCALE_OFF, as in the wgmma
+//   loop. A tile's owner scores the rope into s and each scale block into one of two alternating
+//   accumulators, folding block b in as scale_b(key) x its partial while the next block's wgmmas
+//   run; P·V takes P times each value block's scale (rounded once to bf16), so each probability tile
+//   a consumer shares holds the other's two value blocks' P, one in each half of its 128-byte rows.
 // - Q: k-steps 0 .. Q_SMEM_STEPS - 1 from a swizzled copy in shared memory (both consumers read it),
 //   the last Q_REG_STEPS (the rope) from each thread's registers.
 // - Shared memory beyond the ring and Q: the two consumers' probability tiles (P_OFF: [c][BM rows of
@@ -32,13 +38,16 @@
 
 namespace kgen {
 
-template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, class Layout>
+template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, bool KV_SCALED_, class Layout>
 struct SeesawAttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
-    static constexpr bool KV_FP8 = KV_FP8_;  // e4m3 rows with one kv_scale, converted by the producer
-    static constexpr bool KV_SCALED = false;  // the DSA pool's rows keep the wgmma loop
-    static constexpr int KV_ROW = KV_FP8 ? D : D * 2;  // bytes per KV row in the cache
-    static constexpr int RAW_ROW = KV_ROW, RAW_CHUNKS = RAW_ROW / 16;  // a raw stage's rows (fp8)
+    static constexpr bool KV_FP8 = KV_FP8_;        // e4m3 rows, converted into the bf16 ring by the producer
+    static constexpr bool KV_SCALED = KV_SCALED_;  // the DSA pool's rows: per-block scales, bf16 rope
+    using Row = ScaledRow<D, DV>;
+    static constexpr int KV_ROW = KV_SCALED ? Row::BYTES : KV_FP8 ? D : D * 2;  // bytes per KV row in the cache
+    // a raw stage's rows (fp8): the e4m3 bytes the producer converts (DSA rows: the latent)
+    static constexpr int RAW_ROW = KV_SCALED ? DV : KV_ROW, RAW_CHUNKS = RAW_ROW / 16;
+    static constexpr int BLOCK_STEPS = Row::SCALE_BLOCK / 16;  // k-steps per scale block (DSA rows)
     static constexpr int THREADS = 3 * 128;  // producer warpgroup, two consumer warpgroups
     static constexpr int CONSUMER_WARPS = 8;
     using Layout::Q_REG_STEPS, Layout::Q_SLABS, Layout::SLAB, Layout::STAGE_BYTES;
@@ -52,7 +61,7 @@ struct SeesawAttnConfig : Layout {
     // named barriers of the 256 consumer threads: Q staged / row sums in; consumer 0's max and alpha
     // are in; consumer 1's max and beta; consumer 0's probability tile; consumer 1's
     static constexpr int EXCHANGE_BAR = 1, MAX0_BAR = 2, MAX1_BAR = 3, P0_BAR = 4, P1_BAR = 5;
-    enum Row { M0, ALPHA, M1, BETA, SUM0, SUM1 };  // ROW_OFF's [6][BM] fp32
+    enum RowValue { M0, ALPHA, M1, BETA, SUM0, SUM1 };  // ROW_OFF's [6][BM] fp32
 
     static_assert(D - DV == 64 && WG_DV == 256, "written for 64 rope dims and m64n256 P·V");
     static_assert(BN == 32, "Q·K uses m64n32k16 wgmmas; a probability tile's row is 64 of its 128 bytes");
@@ -62,6 +71,8 @@ struct SeesawAttnConfig : Layout {
     static_assert(Q_REG_STEPS % 4 == 0 && Q_SLABS * 4 == Q_SMEM_STEPS, "Q's smem part is whole column blocks");
     static_assert(Layout::P_OFF % 1024 == 0 && Layout::P_TILE == BM * 128, "probability tiles are swizzled blocks");
     static_assert(Layout::SMEM_BYTES >= Layout::BAR_OFF + 2 * STAGES * 8 + 1023, "barriers and alignment slack fit");
+    static_assert(!KV_SCALED || (KV_FP8 && Q_SMEM_STEPS == 4 * BLOCK_STEPS && Row::SCALE_BLOCK * 2 == WG_DV),
+                  "DSA rows: Q's smem part is the 4 scale blocks, a consumer's value dims two of them");
 };
 
 // A consumer's descriptors (stage 0, k-step 0): K (K-major), Q's smem part, V for its value dims
@@ -90,57 +101,132 @@ __device__ __forceinline__ int ss_wait_full(char* smem, int pos) {
     return stage;
 }
 
-// Issue (and commit) s = Q K^T of ring position `pos` over all D dims.
+// One k-step of Q·K into acc: Q from shared memory (its first Q_SMEM_STEPS) or registers.
 template <class C>
-__device__ __forceinline__ void ss_issue_qk(char* smem, const WgConsumer<C>& st, const SsDescs& d, int pos,
-                                            float (&s)[16]) {
-    const unsigned long long k = desc_add(d.k, ss_wait_full<C>(smem, pos) * C::STAGE_BYTES);
-    wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < C::K_STEPS; ++ks) {
-        const unsigned long long kd = desc_add(k, dim_offset(16 * ks, C::SLAB));
-        if (ks < C::Q_SMEM_STEPS)
-            wgmma_m64n32k16_ss(s, desc_add(d.q, dim_offset(16 * ks, C::Q_SLAB)), kd, ks != 0);
-        else
-            wgmma_m64n32k16(s, st.qf[ks < C::Q_SMEM_STEPS ? 0 : ks - C::Q_SMEM_STEPS], kd, true);
-    }
-    wgmma_commit();
+__device__ __forceinline__ void ss_qk_step(float (&acc)[16], const WgConsumer<C>& st, const SsDescs& d,
+                                           unsigned long long k, int ks, bool accumulate) {
+    const unsigned long long kd = desc_add(k, dim_offset(16 * ks, C::SLAB));
+    if (ks < C::Q_SMEM_STEPS)
+        wgmma_m64n32k16_ss(acc, desc_add(d.q, dim_offset(16 * ks, C::Q_SLAB)), kd, accumulate);
+    else
+        wgmma_m64n32k16(acc, st.qf[ks < C::Q_SMEM_STEPS ? 0 : ks - C::Q_SMEM_STEPS], kd, accumulate);
 }
 
-// P·V's A operand from probabilities s: k-step kk is keys 16kk .. 16kk + 15.
+// DSA rows: s += scale_b(key) x acc, block b's partial scores.
 template <class C>
-using SsP = unsigned[C::BN / 16][4];
+__device__ __forceinline__ void ss_fold(float (&s)[16], const float (&acc)[16], const float* scales, int b) {
+    const WgCoords w = WgCoords::of();
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float scale = scales[(8 * i + 2 * w.t + e) * 4 + b];
+            s[4 * i + e] = fmaf(scale, acc[4 * i + e], s[4 * i + e]);
+            s[4 * i + 2 + e] = fmaf(scale, acc[4 * i + 2 + e], s[4 * i + 2 + e]);
+        }
+}
+
+// s = Q K^T of ring position `pos` over all D dims, done when it returns. DSA rows: the rope into s,
+// then block b into acc[b % 2], folded into s once in (block b + 1 runs meanwhile).
 template <class C>
-__device__ __forceinline__ void ss_pack(const float (&s)[16], SsP<C>& pf) {
+__device__ __forceinline__ void ss_scores(char* smem, const WgConsumer<C>& st, const SsDescs& d, int pos,
+                                          float (&s)[16]) {
+    const int stage = ss_wait_full<C>(smem, pos);
+    const unsigned long long k = desc_add(d.k, stage * C::STAGE_BYTES);
+    wgmma_fence();
+    if constexpr (C::KV_SCALED) {
+        const float* scales = stage_scales<C>(smem, stage);
+        float acc[2][16];
+        auto block = [&](int b) {
+#pragma unroll
+            for (int j = 0; j < C::BLOCK_STEPS; ++j) ss_qk_step<C>(acc[b % 2], st, d, k, b * C::BLOCK_STEPS + j, j != 0);
+            wgmma_commit();
+        };
+#pragma unroll
+        for (int ks = C::Q_SMEM_STEPS; ks < C::K_STEPS; ++ks) ss_qk_step<C>(s, st, d, k, ks, ks != C::Q_SMEM_STEPS);
+        block(0);
+        block(1);
+        wgmma_wait<1>();  // the rope and block 0
+        ss_fold<C>(s, acc[0], scales, 0);
+        wgmma_fence();
+        block(2);
+        wgmma_wait<1>();
+        ss_fold<C>(s, acc[1], scales, 1);
+        wgmma_fence();
+        block(3);
+        wgmma_wait<1>();
+        ss_fold<C>(s, acc[0], scales, 2);
+        wgmma_wait<0>();
+        ss_fold<C>(s, acc[1], scales, 3);
+    } else {
+#pragma unroll
+        for (int ks = 0; ks < C::K_STEPS; ++ks) ss_qk_step<C>(s, st, d, k, ks, ks != 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+}
+
+// P·V's A operand from probabilities s, row h times f[h]: k-step kk is keys 16kk .. 16kk + 15. DSA
+// rows: pf[j] for value block first_block + j (consumer c's are 2c and 2c + 1), each key's
+// probability times that block's scale (in fp32, rounded once).
+template <class C>
+using SsP = unsigned[C::KV_SCALED ? 2 : 1][C::BN / 16][4];
+template <class C>
+__device__ __forceinline__ void ss_pack(const float (&s)[16], const float (&f)[2], const float* scales,
+                                        int first_block, SsP<C>& pf) {
+    const WgCoords w = WgCoords::of();
 #pragma unroll
     for (int kk = 0; kk < C::BN / 16; ++kk)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) pf[kk][k] = pack_bf16x2(s[8 * kk + 2 * k], s[8 * kk + 2 * k + 1]);
+        for (int k = 0; k < 4; ++k) {
+            const float p0 = s[8 * kk + 2 * k] * f[k % 2], p1 = s[8 * kk + 2 * k + 1] * f[k % 2];
+            if constexpr (C::KV_SCALED) {
+                const int key = 8 * (2 * kk + k / 2) + 2 * w.t;
+                const float2 k0 = *reinterpret_cast<const float2*>(scales + key * 4 + first_block);
+                const float2 k1 = *reinterpret_cast<const float2*>(scales + (key + 1) * 4 + first_block);
+                pf[0][kk][k] = pack_bf16x2(p0 * k0.x, p1 * k1.x);
+                pf[1][kk][k] = pack_bf16x2(p0 * k0.y, p1 * k1.y);
+            } else {
+                pf[0][kk][k] = pack_bf16x2(p0, p1);
+            }
+        }
 }
 
 // Write packed probabilities into consumer `c`'s tile for the other consumer: word k of k-step kk
-// is row g + 8 (k % 2), keys 16kk + 8 (k / 2) + 2t, +1 (16-byte chunk 2kk + k / 2 of the row).
+// is row g + 8 (k % 2), keys 16kk + 8 (k / 2) + 2t, +1 (16-byte chunk 2kk + k / 2 of the row; DSA
+// rows: pf[j] in the row's half j, chunks 4j ..).
 template <class C>
 __device__ __forceinline__ void ss_share_p(char* smem, int c, const SsP<C>& pf) {
     const WgCoords w = WgCoords::of();
     char* tile = smem + C::P_OFF + c * C::P_TILE;
 #pragma unroll
-    for (int kk = 0; kk < C::BN / 16; ++kk)
+    for (int j = 0; j < (C::KV_SCALED ? 2 : 1); ++j)
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-            *reinterpret_cast<unsigned*>(tile + sw128_offset(w.warp * 16 + w.g + 8 * (k % 2), 2 * kk + k / 2) + 4 * w.t) =
-                pf[kk][k];
+        for (int kk = 0; kk < C::BN / 16; ++kk)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int row = w.warp * 16 + w.g + 8 * (k % 2), chunk = 4 * j + 2 * kk + k / 2;
+                *reinterpret_cast<unsigned*>(tile + sw128_offset(row, chunk) + 4 * w.t) = pf[j][kk][k];
+            }
     fence_async_shared();  // the other consumer's wgmma reads it (async proxy)
 }
 
 // Issue (and commit) O += P · V_c of ring position `pos`: P from this thread's registers, or
-// (shared) from a probability tile in shared memory.
+// (shared) from a probability tile in shared memory. DSA rows: one m64n128 wgmma per value block
+// (its P; its 128 dims two column blocks on), O's halves being the two blocks.
 template <class C>
 __device__ __forceinline__ void ss_issue_pv(WgConsumer<C>& st, const SsDescs& d, int pos, const SsP<C>& pf) {
     const unsigned long long v = desc_add(d.v, (pos % C::STAGES) * C::STAGE_BYTES);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C::BN / 16; ++kk) wgmma_m64n256k16_bt(st.o[0], st.o[1], pf[kk], desc_add(v, kk * 16 * 128), true);
+    for (int kk = 0; kk < C::BN / 16; ++kk) {  // 16 keys a k-step: 2048 B of 128-byte rows
+        if constexpr (C::KV_SCALED) {
+            wgmma_m64n128k16_bt(st.o[0], pf[0][kk], desc_add(v, kk * 16 * 128), true);
+            wgmma_m64n128k16_bt(st.o[1], pf[1][kk], desc_add(v, 2 * C::SLAB + kk * 16 * 128), true);
+        } else {
+            wgmma_m64n256k16_bt(st.o[0], st.o[1], pf[0][kk], desc_add(v, kk * 16 * 128), true);
+        }
+    }
     wgmma_commit();
 }
 template <class C>
@@ -149,9 +235,25 @@ __device__ __forceinline__ void ss_issue_pv_shared(WgConsumer<C>& st, const SsDe
     const unsigned long long v = desc_add(d.v, (pos % C::STAGES) * C::STAGE_BYTES);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < C::BN / 16; ++kk)
-        wgmma_m64n256k16_ss_bt(st.o[0], st.o[1], desc_add(p_desc, kk * 32), desc_add(v, kk * 16 * 128), true);
+    for (int kk = 0; kk < C::BN / 16; ++kk) {
+        if constexpr (C::KV_SCALED) {
+            wgmma_m64n128k16_ss_bt(st.o[0], desc_add(p_desc, kk * 32), desc_add(v, kk * 16 * 128), true);
+            wgmma_m64n128k16_ss_bt(st.o[1], desc_add(p_desc, 64 + kk * 32), desc_add(v, 2 * C::SLAB + kk * 16 * 128),
+                                   true);
+        } else {
+            wgmma_m64n256k16_ss_bt(st.o[0], st.o[1], desc_add(p_desc, kk * 32), desc_add(v, kk * 16 * 128), true);
+        }
+    }
     wgmma_commit();
+}
+
+// DSA rows: the block scales of ring position `pos`'s keys ([BN][4] fp32); other rows have none.
+template <class C>
+__device__ __forceinline__ const float* ss_scales(char* smem, int pos) {
+    if constexpr (C::KV_SCALED)
+        return stage_scales<C>(smem, pos % C::STAGES);
+    else
+        return nullptr;
 }
 
 // Consumer 0's tile at ring position `pos` (key tile `tile`): its scores, its step of the online
@@ -161,8 +263,7 @@ __device__ __forceinline__ void ss_first_tile(char* smem, WgConsumer<C>& st, con
                                               int num_keys, const Visible& visible, float scale_log2,
                                               float (&s)[16], SsP<C>& pf) {
     const WgCoords w = WgCoords::of();
-    ss_issue_qk<C>(smem, st, d, pos, s);
-    wgmma_wait<0>();
+    ss_scores<C>(smem, st, d, pos, s);
     wg_mask<C>(s, tile, num_keys, visible);
     float alpha[2];
 #pragma unroll
@@ -178,7 +279,7 @@ __device__ __forceinline__ void ss_first_tile(char* smem, WgConsumer<C>& st, con
     }
     named_arrive(C::MAX0_BAR, 256);
     wg_rescale_o<C>(st, alpha);
-    ss_pack<C>(s, pf);
+    ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos), 0, pf);
     ss_issue_pv<C>(st, d, pos, pf);
 }
 
@@ -197,15 +298,10 @@ __device__ __forceinline__ void ss_first_pair(char* smem, WgConsumer<C>& st, con
         const int r = w.warp * 16 + w.g + 8 * h;
         beta[h] = *row_value<C>(smem, C::BETA, r);
         st.row_max[h] = *row_value<C>(smem, C::M1, r);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            s[4 * i + 2 * h] *= beta[h];
-            s[4 * i + 2 * h + 1] *= beta[h];
-        }
     }
     SsP<C> shared;
-    ss_pack<C>(s, shared);
-    ss_share_p<C>(smem, 0, shared);  // beta P_a for consumer 1
+    ss_pack<C>(s, beta, ss_scales<C>(smem, pos), 2, shared);
+    ss_share_p<C>(smem, 0, shared);  // beta P_a (DSA rows: times consumer 1's block scales) for consumer 1
     named_arrive(C::P0_BAR, 256);
     wgmma_wait<0>();  // O_lo += P_a V_a is done: O is free
     wg_release(ring_empty<C>(smem, pos % C::STAGES));
@@ -227,7 +323,9 @@ __device__ __forceinline__ void ss_first_single(char* smem, WgConsumer<C>& st, c
     SsP<C> pf;
     ss_first_tile<C>(smem, st, d, pos, tile, num_keys, visible, scale_log2, s, pf);
     named_barrier(C::MAX1_BAR, 256);  // consumer 1 is done with the probability tiles
-    ss_share_p<C>(smem, 0, pf);
+    SsP<C> shared;
+    ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos), 2, shared);
+    ss_share_p<C>(smem, 0, shared);
     named_arrive(C::P0_BAR, 256);
     wgmma_wait<0>();
     wg_release(ring_empty<C>(smem, pos % C::STAGES));
@@ -239,8 +337,7 @@ __device__ __forceinline__ void ss_second_pair(char* smem, WgConsumer<C>& st, co
                                                int num_keys, const Visible& visible, float scale_log2) {
     const WgCoords w = WgCoords::of();
     float s[16];
-    ss_issue_qk<C>(smem, st, d, pos + 1, s);
-    wgmma_wait<0>();
+    ss_scores<C>(smem, st, d, pos + 1, s);
     wg_mask<C>(s, tile + 1, num_keys, visible);
     const float tile_max[2] = {wg_row_max(s, 0) * scale_log2, wg_row_max(s, 1) * scale_log2};
     named_barrier(C::MAX0_BAR, 256);  // consumer 0's m0 and alpha
@@ -260,8 +357,14 @@ __device__ __forceinline__ void ss_second_pair(char* smem, WgConsumer<C>& st, co
     named_arrive(C::MAX1_BAR, 256);
     wg_rescale_o<C>(st, factor);
     SsP<C> pf;
-    ss_pack<C>(s, pf);
-    ss_share_p<C>(smem, 1, pf);
+    ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos + 1), 2, pf);
+    if constexpr (C::KV_SCALED) {  // consumer 0's blocks' P
+        SsP<C> shared;
+        ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos + 1), 0, shared);
+        ss_share_p<C>(smem, 1, shared);
+    } else {
+        ss_share_p<C>(smem, 1, pf);
+    }
     named_arrive(C::P1_BAR, 256);
     ss_issue_pv<C>(st, d, pos + 1, pf);
     ss_wait_full<C>(smem, pos);
@@ -349,13 +452,14 @@ __device__ __forceinline__ void ss_end(char* smem, const WgConsumer<C>& st, floa
     }
 }
 
-// Consumer ROLE's whole part: Q, the ranges, the partial state. fp8 rows' kv_scale multiplies the
-// scores (folded into scale_log2) and O.
+// Consumer ROLE's whole part: Q, the ranges, the partial state. A per-tensor fp8 cache's kv_scale
+// multiplies the scores (folded into scale_log2) and O.
 template <class C, int ROLE, class QRows, class First, class SecondFn>
 __device__ __forceinline__ void ss_consumer(char* smem, const QRows& q_rows, int num_rows, float scale_log2,
                                             float kv_scale, const First& first, const SecondFn& second_fn,
                                             float* __restrict__ part_o, float* __restrict__ part_lse) {
-    if constexpr (C::KV_FP8) scale_log2 *= kv_scale;
+    constexpr bool PER_TENSOR = C::KV_FP8 && !C::KV_SCALED;
+    if constexpr (PER_TENSOR) scale_log2 *= kv_scale;
     WgConsumer<C> st;
     wg_begin<C>(smem, st, q_rows, num_rows, [](int, int ks) { return (C::Q_SMEM_STEPS + ks) * 16; },
                 [](int slab) { return 64 * slab; });
@@ -365,17 +469,18 @@ __device__ __forceinline__ void ss_consumer(char* smem, const QRows& q_rows, int
     if constexpr (is_key_range<decltype(second_fn())>)
         ss_consume<C, ROLE>(smem, st, ring_pos, second.num_keys, second.visible, second.tile_begin, second.tile_end,
                             scale_log2);
-    ss_end<C, ROLE>(smem, st, part_o, part_lse, C::KV_FP8 ? kv_scale : 1.f);
+    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);
 }
 
 // Attention of the CTA's BM query rows over the key range `first`, then the range second() returns
 // (NoKeys: none; made once the first is done), one online softmax; writes the partial state to
-// part_o / part_lse. Every thread calls it. kv_scale: fp8 rows' (bf16 rows have none).
+// part_o / part_lse. Every thread calls it. kv_scale: per-tensor fp8 rows' (others have none).
 template <class C, class QRows, class First, class SecondFn>
 __device__ __forceinline__ void attend(char* smem_raw, const QRows& q_rows, int num_rows, float scale_log2,
                                        float kv_scale, const First& first, const SecondFn& second_fn,
                                        float* __restrict__ part_o, float* __restrict__ part_lse) {
-    char* smem = wg_setup<C>(smem_raw, 128);  // a stage is full after every producer thread's copies (fp8: conversion)
+    // a stage is full after every producer thread's copies (fp8: its conversion; DSA rows: and its cp.async arrival)
+    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);
     if (threadIdx.x < 128) {
         wg_producer<C>(smem, first, second_fn);
     } else {

@@ -126,4 +126,14 @@ __device__ __forceinline__ void wgmma_m64n128k16_bt(float (&d)[64], const unsign
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(int(accumulate)));
 }
 
+// The same with A (K-major) in shared memory too.
+__device__ __forceinline__ void wgmma_m64n128k16_ss_bt(float (&d)[64], unsigned long long a_desc, unsigned long long b_desc,
+                                                      bool accumulate) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
+                 " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" KGEN_WG_D64
+                 "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+                 : KGEN_WG_ACC64(d)
+                 : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)));
+}
+
 }  // namespace kgen

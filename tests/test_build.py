@@ -382,18 +382,36 @@ def test_the_seesaw_loop_takes_per_tensor_fp8_rows_in_three_stages_beside_the_ra
     assert layout["RAW_STAGE_BYTES"] == 32 * 576 and layout["RAW_OFF"] % 128 == 0
     assert layout["SMEM_BYTES"] == layout["RAW_OFF"] + 2 * 32 * 576 + 1024 <= arch.smem_per_block
     verify = p.variant("verify_attn")
-    assert "32, 3, true, Layout>" in render(verify)
+    assert "32, 3, true, false, Layout>" in render(verify)
     [b] = build(p.__class__(p.spec, p.arch, p.tiles, (verify,), p.budget), ["sm_90"], KernelCache(tmp_path),
                 inspect=True)
     assert b.sass["HGMMA"] > 0 and b.report.spill_bytes == 0, b.report
 
 
-def test_the_seesaw_loop_leaves_the_dsa_pools_rows_e4m3_mmas_and_wgmma_less_archs():
-    arch = get_arch("sm_90")
-    for name, why in (("glm5_dsa_fp8_sm120", "per-tensor fp8"), ("glm5_fp8_mma_e4m3_sm120", "cache.mma f16")):
-        spec = kgen.load_spec(ROOT / "specs" / f"{name}.yaml")
-        assert seesaw_design.DESIGN.candidates(spec, arch) == []
-        with pytest.raises(PlanError, match=why):
-            plan(spec, "sm_90", SeesawTiles(stages=3))
+def test_the_seesaw_loop_takes_the_dsa_pools_rows_with_their_scales_beside_three_stages(tmp_path):
+    """656-B rows: raw stages of the latent, each stage's block scales, Q's rope in registers; the
+    owner of a tile folds each block's partial scores in fp32 and P·V is two m64n128 wgmmas a k-step
+    (from registers and from the other consumer's tile); its consumers spill a few words at 232
+    registers (bounded as the wgmma loop's: SM90_FP8_SPILL_BYTES)."""
+    spec, arch = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml"), get_arch("sm_90")
+    assert seesaw_design.DESIGN.candidates(spec, arch) == [SeesawTiles(stages=3)]
+    p = plan(spec, "sm_90", SeesawTiles(stages=3))
+    layout = p.tiles.layout(spec)
+    assert layout["RAW_STAGE_BYTES"] == 32 * 512 and layout["SCALE_OFF"] == layout["RAW_OFF"] + 2 * 32 * 512
+    assert layout["SMEM_BYTES"] == layout["SCALE_OFF"] + 3 * 32 * 4 * 4 + 1024 <= arch.smem_per_block
+    verify = p.variant("verify_attn")
+    assert "32, 3, true, true, Layout>" in render(verify)
+    [b] = build(p.__class__(p.spec, p.arch, p.tiles, (verify,), p.budget), ["sm_90"], KernelCache(tmp_path),
+                inspect=True)
+    ops = set(sass.opcodes(sass.dump(b.cubin)))
+    assert {"HGMMA.64x32x16.F32.BF16", "HGMMA.64x128x16.F32.BF16"} <= ops and "HGMMA.64x256x16.F32.BF16" not in ops
+    assert b.report.spill_bytes <= SM90_FP8_SPILL_BYTES, b.report
+
+
+def test_the_seesaw_loop_leaves_e4m3_mmas_and_wgmma_less_archs():
+    e4m3 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_mma_e4m3_sm120.yaml")
+    assert seesaw_design.DESIGN.candidates(e4m3, get_arch("sm_90")) == []
+    with pytest.raises(PlanError, match="cache.mma f16"):
+        plan(e4m3, "sm_90", SeesawTiles(stages=3))
     with pytest.raises(PlanError, match="wgmma"):
         plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), "sm_120", SeesawTiles())

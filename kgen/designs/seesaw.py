@@ -2,8 +2,9 @@
 ring, with "seesaw" consumers: each of the two consumer warpgroups scores every other KV tile over
 all dims and hands its probabilities to the other (O stays split by value dims), so one consumer's
 softmax runs under the other's MMAs instead of both exchanging partial scores each tile. bf16 rows,
-and per-tensor fp8 rows in f16 mode (the producer converts them into the bf16 ring, exactly, as the
-wgmma loop's does); the DSA pool's rows keep the wgmma loop.
+and fp8 rows in f16 mode (the producer converts them into the bf16 ring, exactly, as the wgmma loop's
+does): per-tensor rows, and the DSA pool's 656-B rows (each block scale applied in fp32 to the
+block's partial scores and to P, as the wgmma loop does).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ..arch import Arch
 from ..spec import Spec
 from .. import kvrows
 from .base import Design, check, fitting, render_config
-from .wgmma import ALIGN_SLACK, BM, SLAB_ROW
+from .wgmma import ALIGN_SLACK, BM, SCALE_BLOCKS, SLAB_ROW
 
 Q_REG_STEPS = 4  # Q·K's last k16 steps (the rope) read Q from registers; the rest from shared memory
 ROW_VALUES = 6  # per-row fp32 values the consumers pass: m0, alpha, m1, beta, two row sums
@@ -35,11 +36,12 @@ class SeesawTiles:
         """Shared memory (bytes from a 1 KB-aligned base), as SeesawAttnConfig reads it: the swizzled
         ring (D/64 column blocks of BN rows a stage), Q's first dims in swizzled column blocks, the
         two consumers' probability tiles, the per-row values, the ring's barriers, for fp8 rows two
-        raw stages, the alignment slack."""
+        raw stages (DSA rows: of the latent), for the DSA pool's rows each stage's block scales, the
+        alignment slack."""
         m = spec.model
-        check(spec.cache.mma_type in ("bf16", "f16") and not spec.cache.per_block and m.head_dim - m.value_dim == 64
+        check(spec.cache.mma_type in ("bf16", "f16") and m.head_dim - m.value_dim == 64
               and m.value_dim == 512 and self.bn == 32 and self.stages >= 2,
-              f"seesaw tiles {self}: the seesaw loop takes a bf16 or per-tensor fp8 (cache.mma f16) KV cache, "
+              f"seesaw tiles {self}: the seesaw loop takes a bf16 or fp8 (cache.mma f16) KV cache, "
               f"value width 512, 64 rope dims, BN=32 and at least 2 stages")
         slab, tile = self.bn * SLAB_ROW, BM * SLAB_ROW
         stage_bytes = (m.head_dim // 64) * slab
@@ -52,11 +54,15 @@ class SeesawTiles:
         layout = {"Q_REG_STEPS": Q_REG_STEPS, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                   "Q_SMEM_OFF": q_off, "Q_SLAB": tile, "P_OFF": p_off, "P_TILE": tile, "ROW_OFF": row_off,
                   "BAR_OFF": bar_off}
-        if spec.cache.kv_dtype != "bfloat16":  # two raw stages of e4m3 rows
-            raw_stage = -(-(self.bn * kvrows.row_bytes(spec)) // 128) * 128
+        if spec.cache.kv_dtype != "bfloat16":  # two raw stages of e4m3 bytes (DSA rows: their latent)
+            raw_row = m.value_dim if spec.cache.per_block else kvrows.row_bytes(spec)
+            raw_stage = -(-(self.bn * raw_row) // 128) * 128
             end = -(-end // 128) * 128
             layout.update(RAW_OFF=end, RAW_STAGE_BYTES=raw_stage)
             end += 2 * raw_stage
+        if spec.cache.per_block:  # each ring stage's block scales, [BN][block] fp32
+            layout.update(SCALE_OFF=end)
+            end += self.stages * SCALE_BLOCKS * self.bn * 4
         # the schedule's scratch: the probability tiles are free until the first tile
         return {**layout, "SMEM_BYTES": end + ALIGN_SLACK, "SCRATCH_OFF": p_off}
 
@@ -67,7 +73,8 @@ class SeesawTiles:
         m = spec.model
         return render_config("the seesaw loop (kgen/designs/seesaw.py)", self.layout(spec),
                              f"kgen::SeesawAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, "
-                             f"{self.stages}, {str(spec.cache.kv_dtype != 'bfloat16').lower()}, Layout>")
+                             f"{self.stages}, {str(spec.cache.kv_dtype != 'bfloat16').lower()}, "
+                             f"{str(spec.cache.per_block).lower()}, Layout>")
 
     def describe(self) -> str:
         return (f"seesaw loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, producer warpgroup "
@@ -84,14 +91,15 @@ class Seesaw(Design):
 
     def choose(self, spec: Spec, arch: Arch) -> SeesawTiles:
         """The deepest ring that fits (bf16 rows: 4 stages; fp8 rows: 3 beside the raw stages)."""
+        check(spec.cache.mma_type in ("bf16", "f16"), f"{spec.name}: e4m3 MMAs (cache.mma e4m3) are the mma.sync loop's")
         for stages in (4, 3):
             if SeesawTiles(stages=stages).smem_bytes(spec) <= arch.smem_per_block:
                 return SeesawTiles(stages=stages)
         return fitting(spec, arch, SeesawTiles(stages=2), "seesaw")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[SeesawTiles]:
-        if spec.cache.mma_type not in ("bf16", "f16") or spec.cache.per_block:
-            return []  # e4m3 MMAs keep mma.sync, the DSA pool's rows the wgmma loop
+        if spec.cache.mma_type not in ("bf16", "f16"):
+            return []  # e4m3 MMAs keep mma.sync
         return [t for t in (SeesawTiles(stages=s) for s in (3, 4)) if t.smem_bytes(spec) <= arch.smem_per_block]
 
 
