@@ -39,25 +39,13 @@
 namespace kgen {
 
 template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, bool KV_SCALED_, class Layout>
-struct SeesawAttnConfig : Layout {
-    static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
-    static constexpr bool KV_FP8 = KV_FP8_;        // e4m3 rows, converted into the bf16 ring by the producer
-    static constexpr bool KV_SCALED = KV_SCALED_;  // the DSA pool's rows: per-block scales, bf16 rope
-    using Row = ScaledRow<D, DV>;
-    static constexpr int KV_ROW = KV_SCALED ? Row::BYTES : KV_FP8 ? D : D * 2;  // bytes per KV row in the cache
-    // a raw stage's rows (fp8): the e4m3 bytes the producer converts (DSA rows: the latent)
-    static constexpr int RAW_ROW = KV_SCALED ? DV : KV_ROW, RAW_CHUNKS = RAW_ROW / 16;
-    static constexpr int BLOCK_STEPS = Row::SCALE_BLOCK / 16;  // k-steps per scale block (DSA rows)
-    static constexpr int THREADS = 3 * 128;  // producer warpgroup, two consumer warpgroups
-    static constexpr int CONSUMER_WARPS = 8;
-    using Layout::Q_REG_STEPS, Layout::Q_SLABS, Layout::SLAB, Layout::STAGE_BYTES;
-    static constexpr int WG_DV = DV / 2;                       // value dims per consumer
+struct SeesawAttnConfig : WgRing<HEADS_, D_, DV_, BN_, STAGES_, KV_FP8_, KV_SCALED_, Layout> {
+    using Ring = WgRing<HEADS_, D_, DV_, BN_, STAGES_, KV_FP8_, KV_SCALED_, Layout>;
+    using Ring::BM, Ring::D, Ring::DV, Ring::BN, Ring::KV_FP8, Ring::KV_SCALED, Ring::WG_DV, Ring::BLOCK_STEPS;
+    using typename Ring::Row;
+    using Layout::Q_REG_STEPS, Layout::Q_SLABS;
     static constexpr int K_STEPS = D / 16;                     // Q·K's k16 steps (every consumer does all)
     static constexpr int Q_SMEM_STEPS = K_STEPS - Q_REG_STEPS;  // the first ones read Q from shared memory
-    static constexpr int ROW_CHUNKS = D * 2 / 16;              // 16-byte chunks of a staged row
-    static constexpr int ROW_THREADS = 128 / BN;               // producer threads per staged row
-    // 128 * P + 256 * C <= 384 * 168; fp8 rows: the conversion is latency-bound (bench/NOTES.md v22b)
-    static constexpr int PRODUCER_REGS = KV_FP8 ? 40 : 24, CONSUMER_REGS = KV_FP8 ? 232 : 240;
     // named barriers of the 256 consumer threads: Q staged / row sums in; consumer 0's max and alpha
     // are in; consumer 1's max and beta; consumer 0's probability tile; consumer 1's
     static constexpr int EXCHANGE_BAR = 1, MAX0_BAR = 2, MAX1_BAR = 3, P0_BAR = 4, P1_BAR = 5;
@@ -65,12 +53,8 @@ struct SeesawAttnConfig : Layout {
 
     static_assert(D - DV == 64 && WG_DV == 256, "written for 64 rope dims and m64n256 P·V");
     static_assert(BN == 32, "Q·K uses m64n32k16 wgmmas; a probability tile's row is 64 of its 128 bytes");
-    static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && RAW_CHUNKS % ROW_THREADS == 0, "producer layout");
-    static_assert(SLAB == BN * 128 && STAGE_BYTES == (D / 64) * SLAB && STAGE_BYTES % 1024 == 0,
-                  "swizzled tiles of 128-byte rows start 1024-byte aligned");
     static_assert(Q_REG_STEPS % 4 == 0 && Q_SLABS * 4 == Q_SMEM_STEPS, "Q's smem part is whole column blocks");
     static_assert(Layout::P_OFF % 1024 == 0 && Layout::P_TILE == BM * 128, "probability tiles are swizzled blocks");
-    static_assert(Layout::SMEM_BYTES >= Layout::BAR_OFF + 2 * STAGES * 8 + 1023, "barriers and alignment slack fit");
     static_assert(!KV_SCALED || (KV_FP8 && Q_SMEM_STEPS == 4 * BLOCK_STEPS && Row::SCALE_BLOCK * 2 == WG_DV),
                   "DSA rows: Q's smem part is the 4 scale blocks, a consumer's value dims two of them");
 };
@@ -170,10 +154,8 @@ __device__ __forceinline__ void ss_scores(char* smem, const WgConsumer<C>& st, c
 // rows: pf[j] for value block first_block + j (consumer c's are 2c and 2c + 1), each key's
 // probability times that block's scale (in fp32, rounded once).
 template <class C>
-using SsP = unsigned[C::KV_SCALED ? 2 : 1][C::BN / 16][4];
-template <class C>
 __device__ __forceinline__ void ss_pack(const float (&s)[16], const float (&f)[2], const float* scales,
-                                        int first_block, SsP<C>& pf) {
+                                        int first_block, WgP<C>& pf) {
     const WgCoords w = WgCoords::of();
 #pragma unroll
     for (int kk = 0; kk < C::BN / 16; ++kk)
@@ -196,7 +178,7 @@ __device__ __forceinline__ void ss_pack(const float (&s)[16], const float (&f)[2
 // is row g + 8 (k % 2), keys 16kk + 8 (k / 2) + 2t, +1 (16-byte chunk 2kk + k / 2 of the row; DSA
 // rows: pf[j] in the row's half j, chunks 4j ..).
 template <class C>
-__device__ __forceinline__ void ss_share_p(char* smem, int c, const SsP<C>& pf) {
+__device__ __forceinline__ void ss_share_p(char* smem, int c, const WgP<C>& pf) {
     const WgCoords w = WgCoords::of();
     char* tile = smem + C::P_OFF + c * C::P_TILE;
 #pragma unroll
@@ -211,24 +193,9 @@ __device__ __forceinline__ void ss_share_p(char* smem, int c, const SsP<C>& pf) 
     fence_async_shared();  // the other consumer's wgmma reads it (async proxy)
 }
 
-// Issue (and commit) O += P · V_c of ring position `pos`: P from this thread's registers, or
-// (shared) from a probability tile in shared memory. DSA rows: one m64n128 wgmma per value block
-// (its P; its 128 dims two column blocks on), O's halves being the two blocks.
-template <class C>
-__device__ __forceinline__ void ss_issue_pv(WgConsumer<C>& st, const SsDescs& d, int pos, const SsP<C>& pf) {
-    const unsigned long long v = desc_add(d.v, (pos % C::STAGES) * C::STAGE_BYTES);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < C::BN / 16; ++kk) {  // 16 keys a k-step: 2048 B of 128-byte rows
-        if constexpr (C::KV_SCALED) {
-            wgmma_m64n128k16_bt(st.o[0], pf[0][kk], desc_add(v, kk * 16 * 128), true);
-            wgmma_m64n128k16_bt(st.o[1], pf[1][kk], desc_add(v, 2 * C::SLAB + kk * 16 * 128), true);
-        } else {
-            wgmma_m64n256k16_bt(st.o[0], st.o[1], pf[0][kk], desc_add(v, kk * 16 * 128), true);
-        }
-    }
-    wgmma_commit();
-}
+// Issue (and commit) O += P · V_c of ring position `pos` with P from a probability tile in shared
+// memory (the other consumer's; wg_issue_pv takes it from registers). DSA rows: per value block, its
+// P in the tile rows' half.
 template <class C>
 __device__ __forceinline__ void ss_issue_pv_shared(WgConsumer<C>& st, const SsDescs& d, int pos,
                                                    unsigned long long p_desc) {
@@ -261,7 +228,7 @@ __device__ __forceinline__ const float* ss_scales(char* smem, int pos) {
 template <class C, class Visible>
 __device__ __forceinline__ void ss_first_tile(char* smem, WgConsumer<C>& st, const SsDescs& d, int pos, int tile,
                                               int num_keys, const Visible& visible, float scale_log2,
-                                              float (&s)[16], SsP<C>& pf) {
+                                              float (&s)[16], WgP<C>& pf) {
     const WgCoords w = WgCoords::of();
     ss_scores<C>(smem, st, d, pos, s);
     wg_mask<C>(s, tile, num_keys, visible);
@@ -280,7 +247,7 @@ __device__ __forceinline__ void ss_first_tile(char* smem, WgConsumer<C>& st, con
     named_arrive(C::MAX0_BAR, 256);
     wg_rescale_o<C>(st, alpha);
     ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos), 0, pf);
-    ss_issue_pv<C>(st, d, pos, pf);
+    wg_issue_pv<C>(st, d.v, pos, pf);
 }
 
 // Consumer 0 over tiles a (position pos) and b (pos + 1) of a pair.
@@ -289,7 +256,7 @@ __device__ __forceinline__ void ss_first_pair(char* smem, WgConsumer<C>& st, con
                                               int num_keys, const Visible& visible, float scale_log2) {
     const WgCoords w = WgCoords::of();
     float s[16];
-    SsP<C> pf;
+    WgP<C> pf;
     ss_first_tile<C>(smem, st, d, pos, tile, num_keys, visible, scale_log2, s, pf);
     named_barrier(C::MAX1_BAR, 256);  // consumer 1's m1 and beta
     float beta[2];
@@ -299,7 +266,7 @@ __device__ __forceinline__ void ss_first_pair(char* smem, WgConsumer<C>& st, con
         beta[h] = *row_value<C>(smem, C::BETA, r);
         st.row_max[h] = *row_value<C>(smem, C::M1, r);
     }
-    SsP<C> shared;
+    WgP<C> shared;
     ss_pack<C>(s, beta, ss_scales<C>(smem, pos), 2, shared);
     ss_share_p<C>(smem, 0, shared);  // beta P_a (DSA rows: times consumer 1's block scales) for consumer 1
     named_arrive(C::P0_BAR, 256);
@@ -320,10 +287,10 @@ template <class C, class Visible>
 __device__ __forceinline__ void ss_first_single(char* smem, WgConsumer<C>& st, const SsDescs& d, int pos, int tile,
                                                 int num_keys, const Visible& visible, float scale_log2) {
     float s[16];
-    SsP<C> pf;
+    WgP<C> pf;
     ss_first_tile<C>(smem, st, d, pos, tile, num_keys, visible, scale_log2, s, pf);
     named_barrier(C::MAX1_BAR, 256);  // consumer 1 is done with the probability tiles
-    SsP<C> shared;
+    WgP<C> shared;
     ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos), 2, shared);
     ss_share_p<C>(smem, 0, shared);
     named_arrive(C::P0_BAR, 256);
@@ -356,17 +323,17 @@ __device__ __forceinline__ void ss_second_pair(char* smem, WgConsumer<C>& st, co
     }
     named_arrive(C::MAX1_BAR, 256);
     wg_rescale_o<C>(st, factor);
-    SsP<C> pf;
+    WgP<C> pf;
     ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos + 1), 2, pf);
     if constexpr (C::KV_SCALED) {  // consumer 0's blocks' P
-        SsP<C> shared;
+        WgP<C> shared;
         ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos + 1), 0, shared);
         ss_share_p<C>(smem, 1, shared);
     } else {
         ss_share_p<C>(smem, 1, pf);
     }
     named_arrive(C::P1_BAR, 256);
-    ss_issue_pv<C>(st, d, pos + 1, pf);
+    wg_issue_pv<C>(st, d.v, pos + 1, pf);
     ss_wait_full<C>(smem, pos);
     named_barrier(C::P0_BAR, 256);  // consumer 0's beta P_a
     ss_issue_pv_shared<C>(st, d, pos, d.p[0]);

@@ -51,45 +51,23 @@ namespace kgen {
 // the DSA pool's rows, each ring stage's block scales (SCALE_OFF, [stage][BN][block] fp32), ALIGN_SLACK to align
 // the base up, SMEM_BYTES in all, and SCRATCH_OFF: the schedule's scratch (free until the first tile).
 template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, bool KV_SCALED_, class Layout>
-struct WgmmaAttnConfig : Layout {
-    static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
-    static constexpr bool KV_FP8 = KV_FP8_;        // e4m3 rows, converted into the bf16 ring by the producer
-    static constexpr bool KV_SCALED = KV_SCALED_;  // the DSA pool's rows: per-block scales, bf16 rope
-    using Row = ScaledRow<D, DV>;
-    static constexpr int KV_ROW = KV_SCALED ? Row::BYTES : KV_FP8 ? D : D * 2;  // bytes per KV row in the cache
-    static constexpr int THREADS = 3 * 128;   // producer warpgroup, two consumer warpgroups
-    static constexpr int CONSUMER_WARPS = 8;
+struct WgmmaAttnConfig : WgRing<HEADS_, D_, DV_, BN_, STAGES_, KV_FP8_, KV_SCALED_, Layout> {
+    using Ring = WgRing<HEADS_, D_, DV_, BN_, STAGES_, KV_FP8_, KV_SCALED_, Layout>;
+    using Ring::D, Ring::DV, Ring::BN, Ring::KV_FP8, Ring::KV_SCALED, Ring::WG_DV;
+    using typename Ring::Row;
     using Layout::Q_REG_STEPS, Layout::Q_SLABS, Layout::SLAB, Layout::STAGE_BYTES;
-    static constexpr int WG_DV = DV / 2;                 // value (latent) dims per consumer
     static constexpr int ROPE_HALF = (D - DV) / 2;       // rope dims per consumer
     static constexpr int LATENT_STEPS = WG_DV / 16;      // a consumer's latent k16 steps, then its rope steps
     static constexpr int WG_K_STEPS = LATENT_STEPS + ROPE_HALF / 16;
     static constexpr int Q_LATENT_SLABS = (WG_DV - 16 * Q_REG_STEPS) / 64;  // a consumer's latent Q column blocks in smem
-    static constexpr int BLOCK_STEPS = Row::SCALE_BLOCK / 16;  // k-steps per scale block (DSA rows)
-    static constexpr int ROW_CHUNKS = D * 2 / 16;  // 16-byte chunks of a staged (bf16) row
-    // A raw stage's rows: the e4m3 bytes the producer converts (DSA rows: the latent; their scales
-    // and rope are copied straight to the ring stage)
-    static constexpr int RAW_ROW = KV_SCALED ? DV : KV_ROW;
-    static constexpr int RAW_CHUNKS = RAW_ROW / 16;
-    static constexpr int ROW_THREADS = 128 / BN;   // producer threads per staged row
-    // 128 * P + 256 * C <= 384 * 168. fp8 rows: the producer's conversion is latency-bound with 24
-    // (two chunks in flight); 40 bought the DSA rows 6-8% though the consumers spill a few words at 232.
-    static constexpr int PRODUCER_REGS = KV_FP8 ? 40 : 24, CONSUMER_REGS = KV_FP8 ? 232 : 240;
     static constexpr int EXCHANGE_BAR = 1;  // named barrier of the 256 consumer threads
     static constexpr int PARTIAL_BAR = 2, SUM_BAR = 3;  // consumer 1's partial scores are in; consumer 0's sums are
 
     static_assert(D - DV == 64 && WG_DV == 256, "the loop is written for 64 rope dims (32 a consumer) and m64n256 P·V");
     static_assert(BN == 32, "QK uses m64n32k16 wgmmas");
-    static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && RAW_CHUNKS % ROW_THREADS == 0 && KV_ROW % 16 == 0,
-                  "producer layout");
-    static_assert(SLAB == BN * 128 && STAGE_BYTES == (D / 64) * SLAB && STAGE_BYTES % 1024 == 0,
-                  "swizzled tiles of 128-byte rows start 1024-byte aligned");
     static_assert(Q_REG_STEPS % 4 == 0 && Q_REG_STEPS <= LATENT_STEPS && Q_SLABS == 2 * Q_LATENT_SLABS + (D - DV) / 64,
                   "Q's smem part is whole column blocks after the register k-steps");
-    static_assert(!KV_SCALED || (KV_FP8 && Row::SCALE_BLOCK * 2 == WG_DV && Row::SCALE_OFF % 16 == 0 &&
-                                 Row::ROPE_OFF == Row::SCALE_OFF + 16 && Row::ROPE_OFF % 16 == 0),
-                  "a consumer's latent dims are two scale blocks; the 4 scales are one 16-byte chunk, the rope after");
-    static_assert(Layout::SMEM_BYTES >= Layout::BAR_OFF + 2 * STAGES * 8 + 1023, "barriers and alignment slack fit");
+    static_assert(!KV_SCALED || Row::SCALE_BLOCK * 2 == WG_DV, "a consumer's latent dims are two scale blocks");
 };
 
 // A tile's scores in one consumer: s[4i + 2h + e] is row g + 8h, key 8i + 2t + e. DSA rows: s and
@@ -217,28 +195,6 @@ __device__ __forceinline__ void fold_blocks(char* smem, const WgConsumer<C>& st,
     const unsigned long long k = desc_add(d.k_rope, stage * C::STAGE_BYTES);
 #pragma unroll
     for (int ks = C::LATENT_STEPS; ks < C::WG_K_STEPS; ++ks) qk_step<C>(sc.s, st, k, d.q_rope, ks, true);
-    wgmma_commit();
-}
-
-// P·V's A operand: pf[b][kk] is k-step kk (16 keys) of P for value block b (DSA rows: the
-// consumer's two scale blocks, P times each; otherwise pf[0] for all its value dims).
-template <class C>
-using WgP = unsigned[C::KV_SCALED ? 2 : 1][C::BN / 16][4];
-
-// Issue (and commit) O += P · V_c over ring position `pos`, P as the A operand.
-template <class C>
-__device__ __forceinline__ void wg_issue_pv(WgConsumer<C>& st, const WgDescs& d, int pos, const WgP<C>& pf) {
-    const unsigned long long v_desc = desc_add(d.v, (pos % C::STAGES) * C::STAGE_BYTES);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < C::BN / 16; ++kk) {  // 16 keys a k-step: 2048 B of 128-byte rows
-        if constexpr (C::KV_SCALED) {
-            wgmma_m64n128k16_bt(st.o[0], pf[0][kk], desc_add(v_desc, kk * 16 * 128), true);
-            wgmma_m64n128k16_bt(st.o[1], pf[1][kk], desc_add(v_desc, 2 * C::SLAB + kk * 16 * 128), true);
-        } else {
-            wgmma_m64n256k16_bt(st.o[0], st.o[1], pf[0][kk], desc_add(v_desc, kk * 16 * 128), true);
-        }
-    }
     wgmma_commit();
 }
 
@@ -372,12 +328,12 @@ __device__ __forceinline__ void wg_consume(char* smem, WgConsumer<C>& st, int& r
         WgScores<C> sc;
         float alpha[2];
         if constexpr (C::KV_SCALED) {
-            wg_issue_pv<C>(st, d, pos - 1, pf);
+            wg_issue_pv<C>(st, d.v, pos - 1, pf);
             wg_issue_qk<C>(smem, st, d, pos, sc);
             scores(tile, sc, alpha);
         } else {
             wg_issue_qk<C>(smem, st, d, pos, sc);
-            wg_issue_pv<C>(st, d, pos - 1, pf);
+            wg_issue_pv<C>(st, d.v, pos - 1, pf);
             wgmma_wait<1>();  // QK of this tile is done; P·V of the last one may run on
             scores(tile, sc, alpha);
             wgmma_wait<0>();
@@ -385,7 +341,7 @@ __device__ __forceinline__ void wg_consume(char* smem, WgConsumer<C>& st, int& r
         }
         wg_rescale_and_pack<C>(smem, st, pos, sc.s, alpha, pf);
     }
-    wg_issue_pv<C>(st, d, pos0 + tile_end - 1, pf);
+    wg_issue_pv<C>(st, d.v, pos0 + tile_end - 1, pf);
     wgmma_wait<0>();
     wg_release(ring_empty<C>(smem, (pos0 + tile_end - 1) % C::STAGES));
     ring_pos = pos0 + tile_end;

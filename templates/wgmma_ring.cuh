@@ -9,6 +9,42 @@
 
 namespace kgen {
 
+// What the ring's producer and both sm_90 loops' consumers read of a loop's Config: the shapes (BM
+// = 64 query rows, BN key rows a tile, STAGES), the KV row format and the three warpgroups' registers.
+// A loop's Config derives from it and from its Layout (kgen/designs/: SLAB, STAGE_BYTES, the raw
+// stages, the block scales).
+template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, bool KV_SCALED_, class Layout>
+struct WgRing : Layout {
+    static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
+    static constexpr bool KV_FP8 = KV_FP8_;        // e4m3 rows, converted into the bf16 ring by the producer
+    static constexpr bool KV_SCALED = KV_SCALED_;  // the DSA pool's rows: per-block scales, bf16 rope
+    using Row = ScaledRow<D, DV>;
+    static constexpr int KV_ROW = KV_SCALED ? Row::BYTES : KV_FP8 ? D : D * 2;  // bytes per KV row in the cache
+    static constexpr int THREADS = 3 * 128;   // producer warpgroup, two consumer warpgroups
+    static constexpr int CONSUMER_WARPS = 8;
+    static constexpr int WG_DV = DV / 2;      // value (latent) dims per consumer
+    static constexpr int BLOCK_STEPS = Row::SCALE_BLOCK / 16;  // k-steps per scale block (DSA rows)
+    static constexpr int ROW_CHUNKS = D * 2 / 16;  // 16-byte chunks of a staged (bf16) row
+    // A raw stage's rows: the e4m3 bytes the producer converts (DSA rows: the latent; their scales
+    // and rope are copied straight to the ring stage)
+    static constexpr int RAW_ROW = KV_SCALED ? DV : KV_ROW;
+    static constexpr int RAW_CHUNKS = RAW_ROW / 16;
+    static constexpr int ROW_THREADS = 128 / BN;   // producer threads per staged row
+    // 128 * P + 256 * C <= 384 * 168. fp8 rows: the producer's conversion is latency-bound with 24
+    // (two chunks in flight); 40 bought the DSA rows 6-8% though the consumers spill a few words at 232.
+    static constexpr int PRODUCER_REGS = KV_FP8 ? 40 : 24, CONSUMER_REGS = KV_FP8 ? 232 : 240;
+
+    static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && RAW_CHUNKS % ROW_THREADS == 0 && KV_ROW % 16 == 0,
+                  "producer layout");
+    static_assert(Layout::SLAB == BN * 128 && Layout::STAGE_BYTES == (D / 64) * Layout::SLAB &&
+                      Layout::STAGE_BYTES % 1024 == 0,
+                  "swizzled tiles of 128-byte rows start 1024-byte aligned");
+    static_assert(Layout::SMEM_BYTES >= Layout::BAR_OFF + 2 * STAGES * 8 + 1023, "barriers and alignment slack fit");
+    static_assert(!KV_SCALED || (KV_FP8 && Row::SCALE_OFF % 16 == 0 && Row::ROPE_OFF == Row::SCALE_OFF + 16 &&
+                                 Row::ROPE_OFF % 16 == 0),
+                  "DSA rows: the 4 scales are one 16-byte chunk, the rope after (copy_row_rest)");
+};
+
 // ---- fp8 rows: raw stages and their conversion into the bf16 ring ----
 
 // The 4 e4m3 values of v (byte 0 first) as two bf16x2 words: e4m3 -> f16 -> f32 -> bf16, each
@@ -278,6 +314,30 @@ __device__ __forceinline__ void wg_rescale_o(WgConsumer<C>& st, const float (&al
         st.o_at(4 * j) *= alpha[0]; st.o_at(4 * j + 1) *= alpha[0];
         st.o_at(4 * j + 2) *= alpha[1]; st.o_at(4 * j + 3) *= alpha[1];
     }
+}
+
+// P·V's A operand: pf[b][kk] is k-step kk (16 keys) of P for value block b (DSA rows: the
+// consumer's two scale blocks, P times each; otherwise pf[0] for all its value dims).
+template <class C>
+using WgP = unsigned[C::KV_SCALED ? 2 : 1][C::BN / 16][4];
+
+// Issue (and commit) O += P · V_c over ring position `pos`, P as the A operand; v: the consumer's V
+// descriptor at stage 0 (N-major: 64-dim blocks SLAB apart). DSA rows: one m64n128 wgmma per value
+// block (its P; its 128 dims two column blocks on), O's halves being the two blocks.
+template <class C>
+__device__ __forceinline__ void wg_issue_pv(WgConsumer<C>& st, unsigned long long v, int pos, const WgP<C>& pf) {
+    const unsigned long long v_desc = desc_add(v, (pos % C::STAGES) * C::STAGE_BYTES);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 16; ++kk) {  // 16 keys a k-step: 2048 B of 128-byte rows
+        if constexpr (C::KV_SCALED) {
+            wgmma_m64n128k16_bt(st.o[0], pf[0][kk], desc_add(v_desc, kk * 16 * 128), true);
+            wgmma_m64n128k16_bt(st.o[1], pf[1][kk], desc_add(v_desc, 2 * C::SLAB + kk * 16 * 128), true);
+        } else {
+            wgmma_m64n256k16_bt(st.o[0], st.o[1], pf[0][kk], desc_add(v_desc, kk * 16 * 128), true);
+        }
+    }
+    wgmma_commit();
 }
 
 }  // namespace kgen

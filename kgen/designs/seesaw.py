@@ -14,9 +14,8 @@ from typing import ClassVar
 
 from ..arch import Arch
 from ..spec import Spec
-from .. import kvrows
 from .base import Design, check, fitting, render_config
-from .wgmma import ALIGN_SLACK, BM, SCALE_BLOCKS, SLAB_ROW
+from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows
 
 Q_REG_STEPS = 4  # Q·K's last k16 steps (the rope) read Q from registers; the rest from shared memory
 ROW_VALUES = 6  # per-row fp32 values the consumers pass: m0, alpha, m1, beta, two row sums
@@ -54,15 +53,7 @@ class SeesawTiles:
         layout = {"Q_REG_STEPS": Q_REG_STEPS, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                   "Q_SMEM_OFF": q_off, "Q_SLAB": tile, "P_OFF": p_off, "P_TILE": tile, "ROW_OFF": row_off,
                   "BAR_OFF": bar_off}
-        if spec.cache.kv_dtype != "bfloat16":  # two raw stages of e4m3 bytes (DSA rows: their latent)
-            raw_row = m.value_dim if spec.cache.per_block else kvrows.row_bytes(spec)
-            raw_stage = -(-(self.bn * raw_row) // 128) * 128
-            end = -(-end // 128) * 128
-            layout.update(RAW_OFF=end, RAW_STAGE_BYTES=raw_stage)
-            end += 2 * raw_stage
-        if spec.cache.per_block:  # each ring stage's block scales, [BN][block] fp32
-            layout.update(SCALE_OFF=end)
-            end += self.stages * SCALE_BLOCKS * self.bn * 4
+        end = converted_rows(spec, self.bn, self.stages, layout, end)
         # the schedule's scratch: the probability tiles are free until the first tile
         return {**layout, "SMEM_BYTES": end + ALIGN_SLACK, "SCRATCH_OFF": p_off}
 

@@ -26,6 +26,23 @@ FP8_PRODUCER_OPS = 2.5  # SASS instructions per converted e4m3 element (unpack, 
 SCALE_BLOCKS = 4  # the DSA row's block scales (512 latent dims / 128)
 
 
+def converted_rows(spec: Spec, bn: int, stages: int, layout: dict[str, int], end: int) -> int:
+    """What the sm_90 loops' converting producer (templates/wgmma_ring.cuh) adds to a layout from byte
+    `end` on, for fp8 rows: two raw stages of BN rows' e4m3 bytes (RAW_OFF, RAW_STAGE_BYTES; DSA rows:
+    their latent), and for the DSA pool's rows each ring stage's block scales (SCALE_OFF, [BN][block]
+    fp32). Returns the layout's new end."""
+    if spec.cache.kv_dtype != "bfloat16":
+        raw_row = spec.model.value_dim if spec.cache.per_block else kvrows.row_bytes(spec)
+        raw_stage = -(-(bn * raw_row) // 128) * 128
+        end = -(-end // 128) * 128
+        layout.update(RAW_OFF=end, RAW_STAGE_BYTES=raw_stage)
+        end += 2 * raw_stage
+    if spec.cache.per_block:
+        layout.update(SCALE_OFF=end)
+        end += stages * SCALE_BLOCKS * bn * 4
+    return end
+
+
 @dataclass(frozen=True)
 class WgmmaTiles:
     bn: int = 32
@@ -59,15 +76,7 @@ class WgmmaTiles:
         end = bar_off + 2 * self.stages * 8
         layout = {"Q_REG_STEPS": q_reg_steps, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                   "Q_SMEM_OFF": q_off, "Q_SLAB": q_slab, "X_OFF": x_off, "BAR_OFF": bar_off}
-        if spec.cache.kv_dtype != "bfloat16":  # two raw stages of e4m3 bytes (DSA rows: their latent)
-            raw_row = m.value_dim if spec.cache.per_block else kvrows.row_bytes(spec)
-            raw_stage = -(-(self.bn * raw_row) // 128) * 128
-            end = -(-end // 128) * 128
-            layout.update(RAW_OFF=end, RAW_STAGE_BYTES=raw_stage)
-            end += 2 * raw_stage
-        if spec.cache.per_block:  # each ring stage's block scales, [BN][block] fp32
-            layout.update(SCALE_OFF=end)
-            end += self.stages * SCALE_BLOCKS * self.bn * 4
+        end = converted_rows(spec, self.bn, self.stages, layout, end)
         # the schedule's scratch: the exchange is free until the first tile
         return {**layout, "SMEM_BYTES": end + ALIGN_SLACK, "SCRATCH_OFF": x_off}
 
