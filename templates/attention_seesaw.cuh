@@ -150,30 +150,6 @@ __device__ __forceinline__ void ss_scores(char* smem, const WgConsumer<C>& st, c
     }
 }
 
-// P·V's A operand from probabilities s, row h times f[h]: k-step kk is keys 16kk .. 16kk + 15. DSA
-// rows: pf[j] for value block first_block + j (consumer c's are 2c and 2c + 1), each key's
-// probability times that block's scale (in fp32, rounded once).
-template <class C>
-__device__ __forceinline__ void ss_pack(const float (&s)[16], const float (&f)[2], const float* scales,
-                                        int first_block, WgP<C>& pf) {
-    const WgCoords w = WgCoords::of();
-#pragma unroll
-    for (int kk = 0; kk < C::BN / 16; ++kk)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const float p0 = s[8 * kk + 2 * k] * f[k % 2], p1 = s[8 * kk + 2 * k + 1] * f[k % 2];
-            if constexpr (C::KV_SCALED) {
-                const int key = 8 * (2 * kk + k / 2) + 2 * w.t;
-                const float2 k0 = *reinterpret_cast<const float2*>(scales + key * 4 + first_block);
-                const float2 k1 = *reinterpret_cast<const float2*>(scales + (key + 1) * 4 + first_block);
-                pf[0][kk][k] = pack_bf16x2(p0 * k0.x, p1 * k1.x);
-                pf[1][kk][k] = pack_bf16x2(p0 * k0.y, p1 * k1.y);
-            } else {
-                pf[0][kk][k] = pack_bf16x2(p0, p1);
-            }
-        }
-}
-
 // Write packed probabilities into consumer `c`'s tile for the other consumer: word k of k-step kk
 // is row g + 8 (k % 2), keys 16kk + 8 (k / 2) + 2t, +1 (16-byte chunk 2kk + k / 2 of the row; DSA
 // rows: pf[j] in the row's half j, chunks 4j ..).
@@ -214,15 +190,6 @@ __device__ __forceinline__ void ss_issue_pv_shared(WgConsumer<C>& st, const SsDe
     wgmma_commit();
 }
 
-// DSA rows: the block scales of ring position `pos`'s keys ([BN][4] fp32); other rows have none.
-template <class C>
-__device__ __forceinline__ const float* ss_scales(char* smem, int pos) {
-    if constexpr (C::KV_SCALED)
-        return stage_scales<C>(smem, pos % C::STAGES);
-    else
-        return nullptr;
-}
-
 // Consumer 0's tile at ring position `pos` (key tile `tile`): its scores, its step of the online
 // softmax (m0 and alpha to consumer 1), O_lo += P_a V_a issued; s keeps P_a in fp32.
 template <class C, class Visible>
@@ -246,7 +213,7 @@ __device__ __forceinline__ void ss_first_tile(char* smem, WgConsumer<C>& st, con
     }
     named_arrive(C::MAX0_BAR, 256);
     wg_rescale_o<C>(st, alpha);
-    ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos), 0, pf);
+    wg_pack_p<C>(s, {1.f, 1.f}, ring_scales<C>(smem, pos), 0, pf);
     wg_issue_pv<C>(st, d.v, pos, pf);
 }
 
@@ -267,7 +234,7 @@ __device__ __forceinline__ void ss_first_pair(char* smem, WgConsumer<C>& st, con
         st.row_max[h] = *row_value<C>(smem, C::M1, r);
     }
     WgP<C> shared;
-    ss_pack<C>(s, beta, ss_scales<C>(smem, pos), 2, shared);
+    wg_pack_p<C>(s, beta, ring_scales<C>(smem, pos), 2, shared);
     ss_share_p<C>(smem, 0, shared);  // beta P_a (DSA rows: times consumer 1's block scales) for consumer 1
     named_arrive(C::P0_BAR, 256);
     wgmma_wait<0>();  // O_lo += P_a V_a is done: O is free
@@ -291,7 +258,7 @@ __device__ __forceinline__ void ss_first_single(char* smem, WgConsumer<C>& st, c
     ss_first_tile<C>(smem, st, d, pos, tile, num_keys, visible, scale_log2, s, pf);
     named_barrier(C::MAX1_BAR, 256);  // consumer 1 is done with the probability tiles
     WgP<C> shared;
-    ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos), 2, shared);
+    wg_pack_p<C>(s, {1.f, 1.f}, ring_scales<C>(smem, pos), 2, shared);
     ss_share_p<C>(smem, 0, shared);
     named_arrive(C::P0_BAR, 256);
     wgmma_wait<0>();
@@ -324,10 +291,10 @@ __device__ __forceinline__ void ss_second_pair(char* smem, WgConsumer<C>& st, co
     named_arrive(C::MAX1_BAR, 256);
     wg_rescale_o<C>(st, factor);
     WgP<C> pf;
-    ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos + 1), 2, pf);
+    wg_pack_p<C>(s, {1.f, 1.f}, ring_scales<C>(smem, pos + 1), 2, pf);
     if constexpr (C::KV_SCALED) {  // consumer 0's blocks' P
         WgP<C> shared;
-        ss_pack<C>(s, {1.f, 1.f}, ss_scales<C>(smem, pos + 1), 0, shared);
+        wg_pack_p<C>(s, {1.f, 1.f}, ring_scales<C>(smem, pos + 1), 0, shared);
         ss_share_p<C>(smem, 1, shared);
     } else {
         ss_share_p<C>(smem, 1, pf);
@@ -389,34 +356,20 @@ __device__ __forceinline__ void ss_consume(char* smem, WgConsumer<C>& st, int& r
     ring_pos = pos0 + tile_end;
 }
 
-// Both consumers' row sums make l; write this consumer's half of part_o[BM][DV] normalized (times
-// out_scale: fp8 rows' kv_scale), and (consumer 0) part_lse[BM] (natural log; -inf for rows that saw
-// nothing).
+// Both consumers' row sums make l (exchanged through ROW_OFF, a row half at a time); write this
+// consumer's half of part_o[BM][DV] normalized (times out_scale: per-tensor rows' kv_scale), and
+// (consumer 0) part_lse[BM] (natural log; -inf for rows that saw nothing).
 template <class C, int ROLE>
 __device__ __forceinline__ void ss_end(char* smem, const WgConsumer<C>& st, float* __restrict__ part_o,
                                        float* __restrict__ part_lse, float out_scale) {
     const WgCoords w = WgCoords::of();
-    float sum[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        sum[h] = st.row_sum[h];
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-        if (w.t == 0) *row_value<C>(smem, C::SUM0 + ROLE, w.warp * 16 + w.g + 8 * h) = sum[h];
-    }
-    named_barrier(C::EXCHANGE_BAR, 256);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    auto total = [&](int h, float sum) {  // this consumer's sum of row h, and the other's
         const int r = w.warp * 16 + w.g + 8 * h;
-        const float l = sum[h] + *row_value<C>(smem, C::SUM1 - ROLE, r);
-        const float inv = row_inv_l(l, out_scale);
-        if (ROLE == 0 && w.t == 0) part_lse[r] = row_lse(st.row_max[h], l);
-        float* out = part_o + r * C::DV + ROLE * C::WG_DV + 2 * w.t;
-#pragma unroll
-        for (int j = 0; j < C::WG_DV / 8; ++j)
-            *reinterpret_cast<float2*>(out + 8 * j) =
-                make_float2(st.o_at(4 * j + 2 * h) * inv, st.o_at(4 * j + 2 * h + 1) * inv);
-    }
+        if (w.t == 0) *row_value<C>(smem, C::SUM0 + ROLE, r) = sum;
+        named_barrier(C::EXCHANGE_BAR, 256);
+        return sum + *row_value<C>(smem, C::SUM1 - ROLE, r);
+    };
+    wg_store_state<C>(st, ROLE, total, out_scale, part_o, part_lse);
 }
 
 // Consumer ROLE's whole part: Q, the ranges, the partial state. A per-tensor fp8 cache's kv_scale

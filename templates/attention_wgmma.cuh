@@ -266,27 +266,8 @@ template <class C>
 __device__ __forceinline__ void wg_rescale_and_pack(char* smem, WgConsumer<C>& st, int pos, const float (&s)[16],
                                                     const float (&alpha)[2], WgP<C>& pf) {
     wg_rescale_o<C>(st, alpha);
-    // s[8kk + 2k], s[8kk + 2k + 1]: keys 8i + 2t, 8i + 2t + 1 with i = 2kk + k / 2. DSA rows: the
-    // keys' scales again from shared memory, as fold_blocks read them (registers are short)
-    if constexpr (C::KV_SCALED) {
-        const WgCoords w = WgCoords::of();
-        const float* scales = stage_scales<C>(smem, pos % C::STAGES);
-#pragma unroll
-        for (int kk = 0; kk < C::BN / 16; ++kk)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int key = 8 * (2 * kk + k / 2) + 2 * w.t;
-                const float2 k0 = key_scales<C>(scales, w.c, key), k1 = key_scales<C>(scales, w.c, key + 1);
-                const float p0 = s[8 * kk + 2 * k], p1 = s[8 * kk + 2 * k + 1];
-                pf[0][kk][k] = pack_bf16x2(p0 * k0.x, p1 * k1.x);
-                pf[1][kk][k] = pack_bf16x2(p0 * k0.y, p1 * k1.y);
-            }
-    } else {
-#pragma unroll
-        for (int kk = 0; kk < C::BN / 16; ++kk)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) pf[0][kk][k] = pack_bf16x2(s[8 * kk + 2 * k], s[8 * kk + 2 * k + 1]);
-    }
+    // DSA rows: the keys' scales again from shared memory, as fold_blocks read them (registers are short)
+    wg_pack_p<C>(s, {1.f, 1.f}, ring_scales<C>(smem, pos), 2 * WgCoords::of().c, pf);
 }
 
 // Attend over the staged tiles of a range, continuing the online softmax in `st`. Software
@@ -352,21 +333,7 @@ __device__ __forceinline__ void wg_consume(char* smem, WgConsumer<C>& st, int& r
 template <class C>
 __device__ __forceinline__ void wg_end(const WgConsumer<C>& st, float* __restrict__ part_o, float* __restrict__ part_lse,
                                        float out_scale) {
-    const WgCoords w = WgCoords::of();
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float sum = st.row_sum[h];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const float inv = row_inv_l(sum, out_scale);
-        const int r = w.warp * 16 + w.g + 8 * h;
-        if (w.c == 0 && w.t == 0) part_lse[r] = row_lse(st.row_max[h], sum);
-        float* out = part_o + r * C::DV + w.c * C::WG_DV + 2 * w.t;
-#pragma unroll
-        for (int j = 0; j < C::WG_DV / 8; ++j)
-            *reinterpret_cast<float2*>(out + 8 * j) =
-                make_float2(st.o_at(4 * j + 2 * h) * inv, st.o_at(4 * j + 2 * h + 1) * inv);
-    }
+    wg_store_state<C>(st, WgCoords::of().c, [](int, float sum) { return sum; }, out_scale, part_o, part_lse);
 }
 
 // Attention of the CTA's BM query rows over the key range `first`, then the range second() returns

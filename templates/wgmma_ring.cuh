@@ -340,4 +340,61 @@ __device__ __forceinline__ void wg_issue_pv(WgConsumer<C>& st, unsigned long lon
     wgmma_commit();
 }
 
+// DSA rows: the block scales of ring position `pos`'s keys ([BN][4] fp32); other rows have none.
+template <class C>
+__device__ __forceinline__ const float* ring_scales(char* smem, int pos) {
+    if constexpr (C::KV_SCALED)
+        return stage_scales<C>(smem, pos % C::STAGES);
+    else
+        return nullptr;
+}
+
+// P·V's A operand from probabilities s, row h times f[h]: k-step kk is keys 16kk .. 16kk + 15. DSA
+// rows: pf[j] for value block first_block + j (consumer c's are 2c and 2c + 1), each key's
+// probability times that block's scale (in fp32, rounded once).
+template <class C>
+__device__ __forceinline__ void wg_pack_p(const float (&s)[16], const float (&f)[2], const float* scales,
+                                          int first_block, WgP<C>& pf) {
+    const WgCoords w = WgCoords::of();
+#pragma unroll
+    for (int kk = 0; kk < C::BN / 16; ++kk)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float p0 = s[8 * kk + 2 * k] * f[k % 2], p1 = s[8 * kk + 2 * k + 1] * f[k % 2];
+            if constexpr (C::KV_SCALED) {
+                const int key = 8 * (2 * kk + k / 2) + 2 * w.t;
+                const float2 k0 = *reinterpret_cast<const float2*>(scales + key * 4 + first_block);
+                const float2 k1 = *reinterpret_cast<const float2*>(scales + (key + 1) * 4 + first_block);
+                pf[0][kk][k] = pack_bf16x2(p0 * k0.x, p1 * k1.x);
+                pf[1][kk][k] = pack_bf16x2(p0 * k0.y, p1 * k1.y);
+            } else {
+                pf[0][kk][k] = pack_bf16x2(p0, p1);
+            }
+        }
+}
+
+// Consumer c's half of the partial state: part_o[BM][DV]'s value dims [c DV/2, (c+1) DV/2) of its rows
+// g + 8h normalized by l = total(h, this consumer's sum of row h) (times out_scale), and (c = 0)
+// part_lse[BM] (natural log; -inf for rows that saw nothing).
+template <class C, class Total>
+__device__ __forceinline__ void wg_store_state(const WgConsumer<C>& st, int c, const Total& total, float out_scale,
+                                               float* __restrict__ part_o, float* __restrict__ part_lse) {
+    const WgCoords w = WgCoords::of();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float sum = st.row_sum[h];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const float l = total(h, sum);
+        const float inv = row_inv_l(l, out_scale);
+        const int r = w.warp * 16 + w.g + 8 * h;
+        if (c == 0 && w.t == 0) part_lse[r] = row_lse(st.row_max[h], l);
+        float* out = part_o + r * C::DV + c * C::WG_DV + 2 * w.t;
+#pragma unroll
+        for (int j = 0; j < C::WG_DV / 8; ++j)
+            *reinterpret_cast<float2*>(out + 8 * j) =
+                make_float2(st.o_at(4 * j + 2 * h) * inv, st.o_at(4 * j + 2 * h + 1) * inv);
+    }
+}
+
 }  // namespace kgen
