@@ -19,7 +19,7 @@ from .cache import KernelCache
 from . import kvrows
 from .model import Call, Floor, Item, Prediction, Shape, calibration, tile_work
 from .plan import plan
-from .sparse_plan import MIN_CHUNK, sparse_tiles
+from .sparse_plan import MIN_CHUNK, sparse_tiles, tile_tokens
 from .splitkv import ceil_div
 from .variant import PlanContext
 from .spec import Spec
@@ -61,13 +61,13 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     sh, bm, bn = s.shape, p.tiles.bm, p.tiles.bn
     heads, width = spec.model.num_q_heads, min(spec.model.index_topk, sh.L)
     row_tiles = ceil_div(sh.T * heads, bm)
-    tile_tokens = min(sh.T, bm // heads if bm % heads == 0 else (bm - 1) // heads + 2)
-    entries = tile_tokens * spec.model.index_topk
+    tokens = min(sh.T, tile_tokens(heads, bm))
+    entries = tokens * spec.model.index_topk
     target = arch.sm_count * p.tiles.min_blocks
     slots = target - sh.B * row_tiles if sh.B * row_tiles < target else target
     chunk = max(MIN_CHUNK, ceil_div(sh.B * row_tiles * entries, slots))
     splits = max(1, ceil_div(entries, chunk))
-    keys = unions(spec, s, tile_tokens) / splits  # a row tile's share of its split
+    keys = unions(spec, s, tokens) / splits  # a row tile's share of its split
     request_bytes = unions(spec, s, sh.T) / splits * kvrows.row_bytes(spec)
     items = []
     for split in range(splits):
