@@ -10,10 +10,11 @@
 #   sglang_dsa       20, 22: the DSA backends' part of that (~90 s)
 #   sparse_tests     21: the sparse GPU suite, both plans (~60 s)
 #   wgmma_fp8_tests  20: the wgmma loop over fp8 rows against the reference (~40 s)
-#   seesaw           19: the seesaw loop (v23): its GPU tests, bench.model_validate's wgmma / seesaw variants
-#                    on 10 shapes (what its model entry is fitted on), issue 19's table on it with the
-#                    peers (bench.run --tiles; .whl_peers), per-tensor fp8 rows on it and on the wgmma
-#                    loop and the DSA pool's rows on it (bench.dsa_rows), ncu of its verify kernel (~12 min)
+#   seesaw_check     19: the seesaw loop (v23): its GPU tests, then per-tensor fp8 rows on it and on the
+#                    wgmma loop and the DSA pool's rows on it (bench.dsa_rows) (~6 min)
+#   seesaw_speed     19: bench.model_validate's wgmma / seesaw variants on 10 shapes (what its model entry
+#                    is fitted on), issue 19's table on it with the peers (bench.run --tiles; .whl_peers),
+#                    ncu of its verify kernel (~8 min)
 #   dsa_rows         20: page-64 / DSA-row verify and decode timings, the plans', then per-tensor fp8 on the
 #                    wgmma candidate (~60 s)
 #   sparse_bench     21: union, gather and FlashMLA's sparse decode (~60 s)
@@ -44,7 +45,7 @@ step() {  # name, seconds, command...: run it under a time limit, say how it end
 NCU=(ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats
      --section Occupancy -k regex:verify_attn -c 1 python3 -m bench.profile_one --shape 1,16,131072)
 steps=("$@")
-[ $# = 0 ] && steps=(seesaw sglang sparse_tests wgmma_fp8_tests dsa_rows sparse_bench ncu peers)
+[ $# = 0 ] && steps=(seesaw_check seesaw_speed sglang sparse_tests wgmma_fp8_tests dsa_rows sparse_bench ncu peers)
 for s in "${steps[@]}"; do case $s in
     sglang) step sglang 300 bash bench/gpu_sglang.sh ;;
     sglang_dsa) step sglang_dsa 150 bash bench/gpu_sglang.sh -k sglang_dsa_gpu ;;
@@ -53,14 +54,14 @@ for s in "${steps[@]}"; do case $s in
         tests/test_attention_gpu.py -k "sm90_loops and wgmma" ;;
     dsa_rows) step dsa_rows 100 python3 -m bench.dsa_rows --out "$out"
               step dsa_rows_wgmma 100 python3 -m bench.dsa_rows --fp8-tiles wgmma:32,3,1 --out "$out" ;;
-    seesaw) step seesaw_tests 240 python3 -m pytest -q -p no:cacheprovider -x tests/test_attention_gpu.py -k seesaw
-        step seesaw_timing 240 python3 -m bench.model_validate --out "$out/model_validate_seesaw.json" \
+    seesaw_check) step seesaw_tests 240 python3 -m pytest -q -p no:cacheprovider -x tests/test_attention_gpu.py -k seesaw
+        step seesaw_fp8_rows 100 python3 -m bench.dsa_rows --formats fp8 --fp8-tiles seesaw:32,3,1 --out "$out"
+        step wgmma_fp8_rows 100 python3 -m bench.dsa_rows --formats fp8 --fp8-tiles wgmma:32,3,1 --out "$out"
+        step seesaw_dsa_rows 100 python3 -m bench.dsa_rows --formats dsa --dsa-tiles seesaw:32,3,1 --out "$out" ;;
+    seesaw_speed) step seesaw_timing 240 python3 -m bench.model_validate --out "$out/model_validate_seesaw.json" \
             --variants wgmma4,seesaw4,seesaw3,wgmma4_tp4,seesaw4_tp4 --shapes compute,compute_l32k,compute_b8,\
 compute_t64,compute_b8_t64,small,small_b32,memory,h16_compute,h16_b16_t33
         step seesaw_peers 300 python3 -m bench.run --tiles seesaw:32,4,1 --shapes issue19 --no-triton --out "$out"
-        step seesaw_fp8_rows 100 python3 -m bench.dsa_rows --formats fp8 --fp8-tiles seesaw:32,3,1 --out "$out"
-        step wgmma_fp8_rows 100 python3 -m bench.dsa_rows --formats fp8 --fp8-tiles wgmma:32,3,1 --out "$out"
-        step seesaw_dsa_rows 100 python3 -m bench.dsa_rows --formats dsa --dsa-tiles seesaw:32,3,1 --out "$out"
         step ncu_bf16_seesaw 60 "${NCU[@]}" --spec specs/glm5_sm120.yaml --tiles seesaw:32,4,1 ;;
     sparse_bench) step sparse_bench 90 python3 -m bench.sparse --time-limit 60 --out "$out" ;;
     ncu) step ncu_fp8_rows_wgmma 60 "${NCU[@]}" --spec specs/glm5_dsa_fp8_sm120.yaml --tiles wgmma:32,3,1

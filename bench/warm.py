@@ -2,7 +2,7 @@
 folder to carry to the GPU machine (the device tool's `carry`), so the run compiles nothing it can
 load. NVRTC's output is the same on either machine: the cache key holds the NVRTC version.
 
-    python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|sm90_loops ...]
+    python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|sm90_loops ...] [--jobs N]
 
 Groups: tests — every shipped and derived spec of tests/conftest.py, both plans; sparse — the
 sparse GPU tests' specs (tests/test_sparse_gpu.py), both plans; dsa — the specs kgen's SGLang DSA
@@ -77,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path)
     p.add_argument("--arch", default="sm_90", help="the GPU machine's arch (default sm_90: the H200)")
     p.add_argument("--group", action="append", choices=GROUPS, help="repeatable; default: sparse, dsa, sm90_loops")
+    p.add_argument("--jobs", type=int, default=2, help="compiling processes (default 2: this machine's cores)")
     args = p.parse_args(argv)
     work = [(*j, args.arch, args.out) for g in (args.group or ["sparse", "dsa", "sm90_loops"]) for j in jobs(g)]
-    with ProcessPoolExecutor(2) as pool:
+    with ProcessPoolExecutor(args.jobs) as pool:
         for line in pool.map(warm, work):
             print(line, flush=True)
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())

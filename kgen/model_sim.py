@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from . import kvrows
 from .plan import Plan
-from .splitkv import MIN_SPLIT_TILES, ceil_div
+from .splitkv import ceil_div, choose_chunk, row_tile_bound, splits_of, waves_of
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,14 @@ def work_items(p: Plan, shape: Shape, target_ctas: int) -> tuple[list[Item], int
     order, and the splits (partial states) of each row."""
     bm, bn = p.tiles.bm, p.tiles.bn
     row_tiles, kv_tiles = ceil_div(shape.T * shape.H, bm), ceil_div(shape.L, bn)
-    chunk = max(MIN_SPLIT_TILES, ceil_div(shape.B * row_tiles * kv_tiles, target_ctas))
-    splits = max(0 if shape.decode else 1, ceil_div(kv_tiles, chunk))
+    min_splits = 0 if shape.decode else 1
+    waves = waves_of(row_tile_bound(shape.H, bm, shape.T * shape.B, shape.B), target_ctas)
+    chunk = choose_chunk([row_tiles] * shape.B, [kv_tiles] * shape.B, target_ctas, min_splits, waves)
+    splits, per_split = splits_of(kv_tiles, chunk, min_splits)
     tile_bytes = bn * kvrows.row_bytes(p.spec)
     request = []
     for s in range(splits):
-        prefix = min(kv_tiles, (s + 1) * chunk) - s * chunk
+        prefix = min(kv_tiles, (s + 1) * per_split) - s * per_split
         tree = ceil_div(shape.T, bn) if not shape.decode and s == splits - 1 else 0
         tiles = max(1, prefix + tree)  # an empty split still runs its startup and writes a state
         # the request's row tiles run side by side (row tile fastest) and read the chunk once

@@ -1,5 +1,6 @@
 """What the host knows of the split-KV schedule (templates/schedule.cuh), which every attention CTA
-computes for itself on the device: its parameters, and upper bounds of its work items (the grids).
+computes for itself on the device: its parameters, its rule (the performance model's copy), and
+upper bounds of its work items (the grids).
 """
 
 from __future__ import annotations
@@ -7,6 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay a small overhead
+# A call whose row tiles could fill more than a wave of CTAs weighs chunks that fill 1 .. SPLIT_WAVES
+# waves (its rows alone cannot balance one wave); others one wave only, so their grids hold no more
+# empty CTAs than one wave (a wave of them costs CTA launches and the schedule: ~5 us on the H200,
+# bench/NOTES.md v24).
+SPLIT_WAVES = 4
+ITEM_OVERHEAD_TILES = MIN_SPLIT_TILES  # what a work item costs beyond its tiles (Q, the partial state), in tiles
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -21,8 +28,54 @@ class Capacity:
     tree: int  # of a tree-only call (tree_attn: one item per row tile)
 
 
+def row_tile_bound(heads: int, bm: int, total_tokens: int, batch: int) -> int:
+    """sum_b ceil(T_b H / BM) <= ceil(total_tokens * H / BM) + batch: known before the lengths are."""
+    return ceil_div(total_tokens * heads, bm) + batch
+
+
+def waves_of(row_tile_bound: int, target_ctas: int) -> int:
+    """How many waves of CTAs the schedule's chunks may fill (see SPLIT_WAVES)."""
+    return 1 if row_tile_bound <= target_ctas else SPLIT_WAVES
+
+
 def work_capacity(heads: int, bm: int, total_tokens: int, batch: int, target_ctas: int) -> Capacity:
-    """The schedule picks a split of ceil(W / target) KV tiles, so prefix items number at most
-    target + sum_b mtiles_b, and sum_b mtiles_b <= ceil(total_tokens * H / BM) + batch."""
-    mtiles = ceil_div(total_tokens * heads, bm) + batch
-    return Capacity(target_ctas + mtiles, mtiles)
+    """Every chunk the schedule tries is >= ceil(W / (waves target)) KV tiles, so prefix items
+    number at most waves x target + sum_b mtiles_b (row_tile_bound)."""
+    mtiles = row_tile_bound(heads, bm, total_tokens, batch)
+    return Capacity(waves_of(mtiles, target_ctas) * target_ctas + mtiles, mtiles)
+
+
+def chunk_candidates(work: int, longest_request: int, target_ctas: int, waves: int) -> list[int]:
+    """The chunks (KV tiles a split reads at most) the schedule weighs, in the order it weighs
+    them: no split, then for w = 1 .. waves the chunk ceil(W / (w target)) and that chunk rounded
+    up to cut the longest request into equal splits."""
+    out = [max(MIN_SPLIT_TILES, longest_request)]
+    for waves in range(1, waves + 1):
+        chunk = max(MIN_SPLIT_TILES, ceil_div(work, waves * target_ctas))
+        out += [chunk, max(MIN_SPLIT_TILES, ceil_div(longest_request, max(1, longest_request // chunk)))]
+    return out
+
+
+def splits_of(kv_tiles: int, chunk: int, min_splits: int) -> tuple[int, int]:
+    """(splits, KV tiles per split) of a request: as few splits as the chunk allows, of equal size
+    (the last may be shorter)."""
+    splits = max(min_splits, ceil_div(kv_tiles, chunk))
+    return splits, ceil_div(kv_tiles, splits) if splits else 0
+
+
+def choose_chunk(row_tiles: list[int], kv_tiles: list[int], target_ctas: int, min_splits: int, waves: int) -> int:
+    """The schedule's chunk for requests of these row and KV tiles (weighing chunks of 1 .. waves
+    waves): the candidate whose waves of work items, each as long as the longest item, end first
+    (the first such)."""
+    work = sum(m * n for m, n in zip(row_tiles, kv_tiles))
+    best, best_cost = 0, None
+    for chunk in chunk_candidates(work, max(kv_tiles, default=0), target_ctas, waves):
+        items, longest = 0, 0
+        for m, n in zip(row_tiles, kv_tiles):
+            splits, per_split = splits_of(n, chunk, min_splits)
+            items += m * splits
+            longest = max(longest, per_split)
+        cost = ceil_div(items, target_ctas) * (longest + ITEM_OVERHEAD_TILES)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = chunk, cost
+    return best

@@ -63,7 +63,10 @@ __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, cons
         // Made after the prefix range: its values are read again rather than held through the loop.
         const auto tree = [&] {
             const bool last_split = item.tile_end == (prefix_len + C::BN - 1) / C::BN;
-            return tree_range<C, MASK_WORDS>(k_tree, request_mask, item_rows<C>(schedule, item), item.row_tile,
+            WorkItem again = item;
+            // the request's addresses and rows made anew from these, not held through the loop
+            asm volatile("" : "+r"(again.b), "+r"(again.row_tile));
+            return tree_range<C, MASK_WORDS>(k_tree, request_mask, item_rows<C>(schedule, again), again.row_tile,
                                              last_split);
         };
         attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, tree, o, lse);

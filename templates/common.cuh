@@ -27,6 +27,7 @@ struct Sum {
 };
 struct Max {
     __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ __forceinline__ int operator()(int a, int b) const { return max(a, b); }
 };
 
 // Every thread gets the reduction of `v` over the block; `scratch` holds 32 values.

@@ -1,14 +1,23 @@
 // Split-KV schedule, found by every attention CTA for itself: no schedule kernel and no host
 // sync (CUDA graphs), so a call is two launches (attention, combine).
 //
-// Request b has mt_b = ceil(T_b*H/BM) row tiles and nt_b = ceil(L_b/BN) KV tiles. All requests'
-// work W = sum mt_b*nt_b is cut into splits of `chunk` KV tiles, chunk = max(min_split_tiles,
-// ceil(W/target_ctas)), so the attention grid is about target_ctas CTAs whatever the batch.
-// Request b gets s_b = max(min_splits, ceil(nt_b/chunk)) splits; its work items are (split, row
+// Request b has mt_b = ceil(T_b*H/BM) row tiles and nt_b = ceil(L_b/BN) KV tiles; all requests'
+// work is W = sum mt_b*nt_b tiles. A chunk c gives request b s_b = max(min_splits, ceil(nt_b/c))
+// splits of equal size ceil(nt_b/s_b) (the last may be shorter); its work items are (split, row
 // tile) pairs, row tile fastest, so the CTAs that share a KV chunk run side by side and the chunk
 // is read from DRAM once. CTA i does item i; CTAs past the last item have none. min_splits = 1
 // gives a request with no prefix one (empty) split all the same: verify_attn does its tree in
 // the last split, and tree_attn (all kv_lens 0) gets one item per row tile.
+//
+// The chunk: the CTAs run in waves of target_ctas, so a call takes about ceil(items/target) waves,
+// each as long as the longest item (its tiles plus min_split_tiles for its start and its partial
+// state). The schedule weighs 1 + 2 waves chunks — no split; and for w = 1 .. waves,
+// max(min_split_tiles, ceil(W/(w target))) and that chunk rounded up to cut the longest request
+// into equal splits — and takes the first whose waves end first (kgen/splitkv.py has its copy).
+// waves = SPLIT_WAVES where the call's row tiles could fill more than a wave (R = ceil(total tokens
+// H / BM) + batch > target: rows alone cannot balance one wave), else 1, so a call of fewer rows
+// launches no more than one wave of CTAs that find no item. So 144 row tiles on 132 SMs
+// are cut into 4 splits each rather than run in two waves of one. The grid: waves target + R.
 //
 //   req_meta[b] = (first item, splits, 0, row tiles), written by CTA 0 for the combine kernel; the
 //   partial state of item i is slot i of part_o / part_lse.
@@ -74,24 +83,102 @@ struct ScheduleArgs {
     int4* req_meta;
 };
 
+constexpr int SPLIT_WAVES = 4, CHUNK_CANDIDATES = 2 * SPLIT_WAVES + 1;  // kgen/splitkv.py's SPLIT_WAVES
+
+// The waves of CTAs the call's chunks may fill (kgen/splitkv.py's waves_of).
+template <int HEADS, int BM>
+__device__ __forceinline__ int split_waves(const ScheduleArgs& a) {
+    const long long row_tile_bound = ((long long)a.total_tokens * HEADS + BM - 1) / BM + a.batch;
+    return row_tile_bound <= a.target_ctas ? 1 : SPLIT_WAVES;
+}
+
+// Candidate k of the chunks the schedule weighs (the order of kgen/splitkv.py's chunk_candidates).
+// A chunk beyond the longest request is no split: clamped to it, so it fits an int.
+__device__ __forceinline__ int chunk_candidate(int k, unsigned long long work, int longest, const ScheduleArgs& a) {
+    const int unsplit = max(a.min_split_tiles, longest);
+    if (k == 0) return unsplit;
+    const unsigned long long slots = (unsigned long long)((k + 1) / 2) * a.target_ctas;
+    const int chunk = (int)min((unsigned long long)unsplit, max((unsigned long long)a.min_split_tiles,
+                                                                (work + slots - 1) / slots));
+    if (k % 2) return chunk;
+    const int splits = max(1, longest / chunk);  // of the longest request, equal ones
+    return max(a.min_split_tiles, (longest + splits - 1) / splits);
+}
+
+struct Splits {
+    int count, tiles;  // a request's splits, and the KV tiles of each (the last may have fewer)
+};
+
+__device__ __forceinline__ Splits splits_of(int kv_tiles, int chunk, int min_splits) {
+    const int count = max(min_splits, (kv_tiles + chunk - 1) / chunk);
+    return {count, count ? (kv_tiles + count - 1) / count : 0};
+}
+
+struct Weighed {
+    int chunk, items, split_tiles;  // a chunk candidate, its work items, the KV tiles of the longest
+};
+
 // The schedule's shared-memory scratch: SCHEDULE_SCRATCH_BYTES at a loop design's SCRATCH_OFF.
 struct ScheduleScratch {
-    int scan[32];                 // block_inclusive_sum's warp totals
-    unsigned long long sums[32];  // block_reduce's per-warp sums of the work
-    int found[4];                 // this CTA's WorkItem (request, row tile, first and end KV tile)
+    int scan[32];  // block_inclusive_sum's warp totals; block_reduce's per-warp maxima
+    union {
+        unsigned long long sums[32];  // block_reduce's per-warp sums of the work
+        Weighed weighed[16];          // then per chunk candidate
+    };
+    int found[4];  // this CTA's WorkItem (request, row tile, first and end KV tile)
 };
 constexpr int SCHEDULE_SCRATCH_BYTES = sizeof(ScheduleScratch);
 static_assert(SCHEDULE_SCRATCH_BYTES == 400 && alignof(ScheduleScratch) == 8, "the scratch layout");
+static_assert(CHUNK_CANDIDATES <= 16, "a weighed slot per candidate");
 
-// This CTA's work item. Every thread of the CTA calls it; `scratch` is SCHEDULE_SCRATCH_BYTES of
-// shared memory (8-byte aligned) that the caller does not use until the call returns. Not inlined:
-// it runs once per CTA, and out of line its temporaries stay out of the attention loop's register
-// allocation (inlined, the fp8 verify kernel for sm_90 spilled a register at the 168-register cap).
+// The chunk whose waves of work items end first (the first such of the candidates). Each warp
+// weighs candidates warp, warp + warps, ..: its lanes go through the requests.
 template <int HEADS, int BM, int BN>
-__device__ __noinline__ WorkItem find_work_item(const ScheduleArgs a, void* scratch) {
-    ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
+__device__ __forceinline__ int choose_chunk(const ScheduleArgs& a, unsigned long long work, int longest,
+                                            ScheduleScratch* sc) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int candidates = 1 + 2 * split_waves<HEADS, BM>(a);
+    for (int k = warp; k < candidates; k += warps) {
+        const int chunk = chunk_candidate(k, work, longest, a);
+        int items = 0, split_tiles = 0;
+        for (int b = lane; b < a.batch; b += 32) {
+            const RequestShape r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false,
+                                                                a.error_flag);
+            const Splits s = splits_of(r.kv_tiles, chunk, a.min_splits);
+            items += s.count * r.row_tiles;
+            split_tiles = max(split_tiles, s.tiles);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+            items += __shfl_xor_sync(0xffffffffu, items, off);
+            split_tiles = max(split_tiles, __shfl_xor_sync(0xffffffffu, split_tiles, off));
+        }
+        if (lane == 0) sc->weighed[k] = {chunk, items, split_tiles};
+    }
+    __syncthreads();
+    long long best = -1;
+    int best_chunk = 0;
+    for (int k = 0; k < candidates; ++k) {
+        const Weighed w = sc->weighed[k];
+        const int waves = (w.items + a.target_ctas - 1) / a.target_ctas;
+        const long long cost = (long long)waves * (w.split_tiles + a.min_split_tiles);
+        if (best < 0 || cost < best) {
+            best = cost;
+            best_chunk = w.chunk;
+        }
+    }
+    __syncthreads();  // the scratch may be reused
+    return best_chunk;
+}
+
+// Writes this CTA's work item to sc->found (find_work_item below). Not inlined: it runs once per
+// CTA, and out of line its temporaries stay out of the attention loop's register allocation
+// (inlined, the fp8 verify kernel for sm_90 spilled a register at the 168-register cap); it returns
+// nothing, so the registers ptxas would return the item in cannot crowd the loop either (returned,
+// they cost the sm_120 DSA-row verify kernel a spilled register).
+template <int HEADS, int BM, int BN>
+__device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScratch* sc) {
     int* scan = sc->scan;
-    unsigned long long* sums = sc->sums;
     int* found = sc->found;
     const bool report = a.validate && blockIdx.x == 0;  // one CTA reports bad lengths
     if (threadIdx.x == 0) {
@@ -99,13 +186,15 @@ __device__ __noinline__ WorkItem find_work_item(const ScheduleArgs a, void* scra
         if (report && (a.qo_indptr[0] != 0 || a.qo_indptr[a.batch] != a.total_tokens)) atomicOr(a.error_flag, 1);
     }
     unsigned long long mine = 0;
+    int longest = 0;  // KV tiles of the longest request
     for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
         const RequestShape r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, report, a.error_flag);
         mine += (unsigned long long)r.row_tiles * r.kv_tiles;
+        longest = max(longest, r.kv_tiles);
     }
-    const unsigned long long total_work = block_reduce<Sum>(mine, sums);
-    const long long chunk = max((long long)a.min_split_tiles,
-                                ((long long)total_work + a.target_ctas - 1) / a.target_ctas);
+    const unsigned long long total_work = block_reduce<Sum>(mine, sc->sums);
+    longest = block_reduce<Max>(longest, scan);
+    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);
 
     // Requests in blocks of blockDim.x: a scan of their item counts finds the request holding
     // item blockIdx.x. CTA 0 goes through all of them to write req_meta.
@@ -113,29 +202,38 @@ __device__ __noinline__ WorkItem find_work_item(const ScheduleArgs a, void* scra
     for (int base = 0; base < a.batch; base += blockDim.x) {
         const int b = base + threadIdx.x;
         RequestShape r{};
-        int splits = 0;
+        Splits splits{0, 0};
         if (b < a.batch) {
             r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false, a.error_flag);
-            splits = max(a.min_splits, (int)((r.kv_tiles + chunk - 1) / chunk));
+            splits = splits_of(r.kv_tiles, chunk, a.min_splits);
         }
-        const int items = splits * r.row_tiles;
+        const int items = splits.count * r.row_tiles;
         int block_items;
         const int first = items_before + block_inclusive_sum(items, scan, &block_items) - items;
         items_before += block_items;
         if (b < a.batch) {
-            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits, 0, r.row_tiles);
+            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits.count, 0, r.row_tiles);
             const int local = static_cast<int>(blockIdx.x) - first;
             if (0 <= local && local < items) {  // this thread's request holds the CTA's item
-                const long long begin = (local / r.row_tiles) * chunk;
+                const int begin = (local / r.row_tiles) * splits.tiles;
                 found[0] = b;
                 found[1] = local % r.row_tiles;
-                found[2] = (int)begin;
-                found[3] = (int)min((long long)r.kv_tiles, begin + chunk);
+                found[2] = begin;
+                found[3] = min(r.kv_tiles, begin + splits.tiles);
             }
         }
         __syncthreads();  // found[] is complete and the same for every thread
         if (blockIdx.x != 0 && found[0] >= 0) break;
     }
+}
+
+// This CTA's work item. Every thread of the CTA calls it; `scratch` is SCHEDULE_SCRATCH_BYTES of
+// shared memory (8-byte aligned) that the caller does not use until the call returns.
+template <int HEADS, int BM, int BN>
+__device__ __forceinline__ WorkItem find_work_item(const ScheduleArgs& a, void* scratch) {
+    ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
+    write_work_item<HEADS, BM, BN>(a, sc);
+    const int* found = sc->found;
     return {found[0], found[1], found[2], found[3]};
 }
 

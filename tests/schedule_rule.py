@@ -1,29 +1,56 @@
 """The split-KV schedule's rule as DESIGN §5 / templates/schedule.cuh state it, written out item by
 item so tests can check the device schedule (req_meta), the grids and the performance model's
-copy (kgen.model.work_items) against it."""
+copy (kgen.splitkv.choose_chunk, kgen.model.work_items) against it."""
 
 from __future__ import annotations
 
 from kgen.splitkv import MIN_SPLIT_TILES
+
+SPLIT_WAVES = 4  # the waves of CTAs the schedule's chunks fill at most
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def rule_waves(heads: int, bm: int, tokens: list[int], target: int) -> int:
+    """SPLIT_WAVES where the row tiles could fill more than a wave: ceil(sum T * H / BM) + B >
+    target; else 1."""
+    return SPLIT_WAVES if cdiv(sum(tokens) * heads, bm) + len(tokens) > target else 1
+
+
+def rule_chunk(row_tiles: list[int], kv_tiles: list[int], target: int, min_splits: int, waves: int) -> int:
+    """The chunk: of no split, and for w = 1 .. waves the chunk max(MIN_SPLIT_TILES, ceil(W / (w
+    target))) and that chunk rounded up to cut the longest request into equal splits, the first
+    whose ceil(items / target) waves of the longest item (plus MIN_SPLIT_TILES) end first."""
+    work, longest = sum(m * n for m, n in zip(row_tiles, kv_tiles)), max(kv_tiles)
+    chunks = [max(MIN_SPLIT_TILES, longest)]
+    for w in range(1, waves + 1):
+        c = max(MIN_SPLIT_TILES, cdiv(work, w * target))
+        chunks += [c, max(MIN_SPLIT_TILES, cdiv(longest, max(1, longest // c)))]
+
+    def cost(c: int) -> int:
+        splits = [max(min_splits, cdiv(n, c)) for n in kv_tiles]
+        items = sum(m * s for m, s in zip(row_tiles, splits))
+        return cdiv(items, target) * (max(cdiv(n, s) if s else 0 for n, s in zip(kv_tiles, splits)) + MIN_SPLIT_TILES)
+
+    costs = [cost(c) for c in chunks]
+    return chunks[costs.index(min(costs))]
+
+
 def schedule_items(heads: int, bm: int, bn: int, tokens: list[int], keys: list[int], target: int,
                    min_splits: int) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int]]]:
     """The work items in CTA order, (request, row tile, first KV tile, end KV tile), and per request
     (first item, splits, row tiles): request b has ceil(T_b H / BM) row tiles and ceil(L_b / BN) KV
-    tiles; all the work W is cut into chunks of max(MIN_SPLIT_TILES, ceil(W / target)) KV tiles;
-    request b gets max(min_splits, ceil(kv tiles / chunk)) splits; items run split-major, row tile
-    fastest, requests in order."""
+    tiles; it gets max(min_splits, ceil(kv tiles / chunk)) splits of equal size (ceil(kv tiles /
+    splits), the last shorter); items run split-major, row tile fastest, requests in order."""
     row_tiles = [cdiv(t * heads, bm) for t in tokens]
     kv_tiles = [cdiv(k, bn) for k in keys]
-    chunk = max(MIN_SPLIT_TILES, cdiv(sum(m * n for m, n in zip(row_tiles, kv_tiles)), target))
+    chunk = rule_chunk(row_tiles, kv_tiles, target, min_splits, rule_waves(heads, bm, tokens, target))
     items, meta = [], []
     for b, (m, n) in enumerate(zip(row_tiles, kv_tiles)):
         splits = max(min_splits, cdiv(n, chunk))
+        size = cdiv(n, splits) if splits else 0
         meta.append((len(items), splits, m))
-        items += [(b, r, s * chunk, min(n, (s + 1) * chunk)) for s in range(splits) for r in range(m)]
+        items += [(b, r, s * size, min(n, (s + 1) * size)) for s in range(splits) for r in range(m)]
     return items, meta

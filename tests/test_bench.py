@@ -76,7 +76,7 @@ def test_kgen_bench_without_gpu_is_one_line():
 def test_bench_tiles_that_are_no_tiling_are_an_error_before_the_gpu_is_looked_for():
     from bench.run import BenchError, run
 
-    with pytest.raises(BenchError, match=r"--tiles 'seesaw:32,x' is not a tiling \(wgmma:BN,STAGES,MIN_BLOCKS or"):
+    with pytest.raises(BenchError, match=r"--tiles 'seesaw:32,x' is not a tiling \(seesaw:BN,STAGES,MIN_BLOCKS or wgmma:"):
         run(SPEC_DIR / "glm5_sm120.yaml", quick=True, tiles="seesaw:32,x")
 
 

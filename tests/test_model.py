@@ -75,7 +75,7 @@ def test_the_overlap_loop_reads_each_k_and_v_fragment_once():
 def test_the_wgmma_loop_counts_warpgroup_mmas_and_their_shared_operands():
     """Per 64 x 32 tile: 2 consumers x (18 m64n32k16 + 2 m64n256k16) = the tile's 2*64*32*1088 FLOPs at
     the wgmma rate; the wgmmas read K (36 KB), V (32 KB) and Q's smem-resident dims (24 KB) themselves."""
-    work = model.tile_work(plan(spec("glm5_sm120"), "sm_90"), get_arch("sm_90"))
+    work = model.tile_work(plan(spec("glm5_sm120"), "sm_90", WgmmaTiles(stages=4)), get_arch("sm_90"))
     assert work.mma_flops == {"wgmma_bf16": 2 * 64 * 32 * 1088} and work.keys == 32
     lsu = work.smem_wavefronts - work.kv_bytes / 128 - (36 + 32 + 24) * 1024 / 128
     assert 0 < lsu < 400  # the partial-score exchange, through lds/sts
@@ -179,13 +179,13 @@ def test_grid_uses_the_specs_heads_page_size_and_tree():
 
 
 def test_an_fp8_verify_given_stored_tree_keys_does_not_pay_their_quantization():
-    fp8 = spec("glm5_fp8_sm120")
-    given_bf16 = predict(fp8, MAIN, "sm_90", plan_for="sm_90", cal=CAL).us
-    stored = predict(fp8, Shape(8, 16, 131072, 1, stored_tree=True), "sm_90", plan_for="sm_90", cal=CAL).us
+    fp8, on_h200 = spec("glm5_fp8_sm120"), dict(plan_for="sm_90", tiles=WgmmaTiles(stages=3), cal=CAL)  # modeled
+    given_bf16 = predict(fp8, MAIN, "sm_90", **on_h200).us
+    stored = predict(fp8, Shape(8, 16, 131072, 1, stored_tree=True), "sm_90", **on_h200).us
     assert given_bf16 - stored == pytest.approx(CAL.quantize_us)
     bf16 = spec("glm5_sm120")  # bf16 keys are never quantized
-    assert predict(bf16, MAIN, "sm_90", plan_for="sm_90", cal=CAL).us == \
-        predict(bf16, Shape(8, 16, 131072, 1, stored_tree=True), "sm_90", plan_for="sm_90", cal=CAL).us
+    assert predict(bf16, MAIN, "sm_90", **on_h200).us == \
+        predict(bf16, Shape(8, 16, 131072, 1, stored_tree=True), "sm_90", **on_h200).us
 
 
 def test_model_table_reads_dsa_rows_results_as_the_formats_they_ran(tmp_path):

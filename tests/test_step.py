@@ -31,6 +31,7 @@ from kgen.step import workspace_layout
 from kgen.inputs import make_verify_inputs
 
 from conftest import spec_named
+from schedule_rule import SPLIT_WAVES
 from test_attention_gpu import BAD_INPUTS, OP_ARGS
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
@@ -79,12 +80,13 @@ def ptr(t) -> int:
 
 
 def expected_grids(p, x, target: int) -> tuple[int, int]:
-    """The attention grids of a batch, by the rule kgen/splitkv.py states (not by calling it): one
-    wave of `target` CTAs plus one per row tile a request can start (ceil(sum T * H / BM) + B) for a
-    call with a prefix; a tree-only call has one item per row tile."""
+    """The attention grids of a batch, by the rule kgen/splitkv.py states (not by calling it): a
+    wave of `target` CTAs (SPLIT_WAVES where the row tiles exceed a wave) plus one per row tile a
+    request can start (ceil(sum T * H / BM) + B) for a call with a prefix; a tree-only call has one
+    item per row tile."""
     tokens, batch = x.q.shape[0], x.qo_indptr.numel() - 1
     row_tiles = (tokens * p.spec.model.num_q_heads + p.tiles.bm - 1) // p.tiles.bm + batch
-    return target + row_tiles, row_tiles
+    return (SPLIT_WAVES if row_tiles > target else 1) * target + row_tiles, row_tiles
 
 
 def expected_launches(mod, x, op: str, out, lse, workspace: int, *, step_has_prefix: bool, layer=None):

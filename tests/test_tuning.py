@@ -13,7 +13,7 @@ from kgen import tuning
 from kgen.arch import get_arch
 from kgen.choice import PlanChoice
 from kgen import designs
-from kgen.designs import MmaSyncTiles, OverlapTiles, WgmmaTiles
+from kgen.designs import MmaSyncTiles, OverlapTiles, SeesawTiles, WgmmaTiles
 from kgen.errors import PlanError
 from kgen.plan import plan
 from kgen.spec import parse_spec
@@ -59,8 +59,8 @@ def test_tiles_text_round_trips_and_bad_text_names_the_forms():
         assert parse_tiles(designs.text(t)) == t
     assert designs.text(MmaSyncTiles(32, 16, 2, 4, 1)) == "mma_sync:32,16,2,4,1"  # the tables' form
     for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2"):
-        with pytest.raises(TuningError, match="wgmma:BN,STAGES,MIN_BLOCKS or mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS "
-                                              "or overlap:BN,STAGES,AHEAD,MIN_BLOCKS or seesaw:BN,STAGES,MIN_BLOCKS"):
+        with pytest.raises(TuningError, match="seesaw:BN,STAGES,MIN_BLOCKS or wgmma:BN,STAGES,MIN_BLOCKS or "
+                                              "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS or overlap:BN,STAGES,AHEAD,MIN_BLOCKS"):
             parse_tiles(bad)
 
 
@@ -161,9 +161,9 @@ def test_a_corrupt_table_is_an_error_that_names_it(spec, user_tables):
 def test_a_batch_runs_its_bucket_choice_else_the_heuristic(spec, user_tables):
     arch = get_arch("sm_90")
     choice = PlanChoice(designs.choose(spec, arch), table(spec, **{"decode/9+/long": "mma_sync:32,32,2,4,1"}))
-    assert choice.tilings() == [WgmmaTiles(), MmaSyncTiles(32, 32, 2, 4, 1)]
+    assert choice.tilings() == [SeesawTiles(), MmaSyncTiles(32, 32, 2, 4, 1)]
     assert choice.tiles_for(32, 32, 32 * 32768) == MmaSyncTiles(32, 32, 2, 4, 1)
-    assert choice.tiles_for(16, 1, 131072) == WgmmaTiles()  # a bucket the table leaves out
-    assert PlanChoice.find(spec, arch) == PlanChoice(WgmmaTiles(), find_table(spec, "sm_90"))  # the shipped table
+    assert choice.tiles_for(16, 1, 131072) == SeesawTiles()  # a bucket the table leaves out
+    assert PlanChoice.find(spec, arch) == PlanChoice(SeesawTiles(), find_table(spec, "sm_90"))  # the shipped table
     forced = PlanChoice.find(spec, arch, MmaSyncTiles(32, 16, 2, 4))
     assert forced.table is None and forced.tiles_for(32, 32, 32 * 32768) == MmaSyncTiles(32, 16, 2, 4)
