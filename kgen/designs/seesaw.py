@@ -9,13 +9,14 @@ block's partial scores and to P, as the wgmma loop does).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
 
 from ..arch import Arch
 from ..spec import Spec
-from .base import Design, check, fitting, render_config
-from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows
+from .base import Design, TileWork, check, fitting, render_config
+from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows, wgmma_tile_work
 
 Q_REG_STEPS = 4  # Q·K's last k16 steps (the rope) read Q from registers; the rest from shared memory
 ROW_VALUES = 6  # per-row fp32 values the consumers pass: m0, alpha, m1, beta, two row sums
@@ -78,6 +79,7 @@ class Seesaw(Design):
     tiles = SeesawTiles
     requires = ("wgmma",)
     sass_expect = ("HGMMA", "LDGSTS")  # warpgroup MMAs fed by cp.async
+    modeled = True
 
     def choose(self, spec: Spec, arch: Arch) -> SeesawTiles:
         """The deepest ring that fits (bf16 rows: 4 stages; per-tensor fp8 rows: 3 beside the raw
@@ -95,6 +97,16 @@ class Seesaw(Design):
         if spec.cache.mma_type not in ("bf16", "f16"):
             return []  # e4m3 MMAs keep mma.sync
         return [t for t in (SeesawTiles(stages=s) for s in (3, 4)) if t.smem_bytes(spec) <= arch.smem_per_block]
+
+    def tile_work(self, spec: Spec, tiles: SeesawTiles, loop: Counter) -> TileWork:
+        """The tile loop in the SASS is one consumer's pair of tiles: Q·K of its own tile over all D
+        dims and P·V of both over its half of the value dims. Per tile the CTA runs that body once on
+        one warpgroup (two consumers, a pair each). Its wgmmas read K (all D dims), Q's shared-memory
+        dims, V and the other consumer's probability tile from shared memory themselves."""
+        m, bn = spec.model, tiles.bn
+        q_smem_steps = m.head_dim // 16 - Q_REG_STEPS
+        operands = m.head_dim // 16 * bn * 32 + q_smem_steps * BM * 32 + m.value_dim * bn * 2 + BM * bn * 2
+        return wgmma_tile_work(spec, bn, loop, 4, 1, operands)
 
 
 DESIGN = Seesaw()

@@ -130,24 +130,33 @@ class Wgmma(Design):
         instruction per warp, counted once per warpgroup) at the wgmma rate; the wgmmas read K, V and
         Q's dims past the register k-steps from shared memory themselves (no ldmatrix in the SASS:
         those bytes are added); the producer's cp.async writes the tile."""
-        m, consumers, warps = spec.model, 2, 8
-        hgmma = Counter({op: n for op, n in loop.items() if op.startswith("HGMMA")})
-        rest = tile_work_from_loop(loop - hgmma, warps, tiles.bn, tiles.bn * kvrows.row_bytes(spec))
-        flops = consumers * sum(n * _mma(op)[1] for op, n in hgmma.items())
+        m, consumers = spec.model, 2
         q_reg_steps = tiles.layout(spec)["Q_REG_STEPS"]
         k_steps, q_smem_steps = m.head_dim // 16 // consumers, (m.head_dim - 2 * q_reg_steps * 16) // 16 // consumers
         operands = consumers * (k_steps * tiles.bn * 32 + q_smem_steps * BM * 32 + m.value_dim // consumers * tiles.bn * 2)
-        work = replace(rest, mma_flops={"wgmma_bf16": flops}, smem_wavefronts=rest.smem_wavefronts + operands / 128,
-                       issue=rest.issue + warps / 4 * sum(hgmma.values()))
-        if spec.cache.kv_dtype == "bfloat16":
-            return work
-        # fp8 rows: the producer's conversion (not in the consumers' loop): the raw tile read back
-        # and the bf16 tile written to shared memory, one conversion lane per e4m3 element and
-        # FP8_PRODUCER_OPS instructions per element, on the producer's 4 warps (one per sub-partition);
-        # a DSA row's e4m3 bytes are its latent dims
-        e4m3 = tiles.bn * (m.value_dim if spec.cache.per_block else m.head_dim)
-        return replace(work, smem_wavefronts=work.smem_wavefronts + (e4m3 + tiles.bn * m.head_dim * 2) / 128,
-                       convert_lanes=work.convert_lanes + e4m3, issue=work.issue + e4m3 * FP8_PRODUCER_OPS / 32 / 4)
+        return wgmma_tile_work(spec, tiles.bn, loop, 8, consumers, operands)
+
+
+def wgmma_tile_work(spec: Spec, bn: int, loop: Counter, warps: int, copies: int, operands: float) -> TileWork:
+    """An sm_90 loop's TileWork from its tile loop's opcodes, run `copies` times a tile (by that many
+    warpgroups; `warps` warps in all): the warpgroup MMAs (one instruction per warp, counted once per
+    warpgroup) at the wgmma rate, with the `operands` bytes of shared memory they read themselves (no
+    ldmatrix in the SASS for them); the other instructions as the row-block loop counts them; the
+    producer's cp.async writing the tile; and for fp8 rows the producer's conversion (not in the
+    consumers' loop): the raw tile read back and the bf16 tile written to shared memory, one
+    conversion lane per e4m3 element and FP8_PRODUCER_OPS instructions per element, on the producer's
+    4 warps (one per sub-partition); a DSA row's e4m3 bytes are its latent dims."""
+    hgmma = Counter({op: n for op, n in loop.items() if op.startswith("HGMMA")})
+    rest = tile_work_from_loop(loop - hgmma, warps, bn, bn * kvrows.row_bytes(spec))
+    flops = copies * sum(n * _mma(op)[1] for op, n in hgmma.items())
+    work = replace(rest, mma_flops={"wgmma_bf16": flops}, smem_wavefronts=rest.smem_wavefronts + operands / 128,
+                   issue=rest.issue + warps / 4 * sum(hgmma.values()))
+    if spec.cache.kv_dtype == "bfloat16":
+        return work
+    m = spec.model
+    e4m3 = bn * (m.value_dim if spec.cache.per_block else m.head_dim)
+    return replace(work, smem_wavefronts=work.smem_wavefronts + (e4m3 + bn * m.head_dim * 2) / 128,
+                   convert_lanes=work.convert_lanes + e4m3, issue=work.issue + e4m3 * FP8_PRODUCER_OPS / 32 / 4)
 
 
 DESIGN = Wgmma()
