@@ -13,7 +13,6 @@ MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay
 # empty CTAs than one wave (a wave of them costs CTA launches and the schedule: ~5 us on the H200,
 # bench/NOTES.md v24).
 SPLIT_WAVES = 4
-ITEM_OVERHEAD_TILES = MIN_SPLIT_TILES  # what a work item costs beyond its tiles (Q, the partial state), in tiles
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -50,8 +49,8 @@ def chunk_candidates(work: int, longest_request: int, target_ctas: int, waves: i
     them: no split, then for w = 1 .. waves the chunk ceil(W / (w target)) and that chunk rounded
     up to cut the longest request into equal splits."""
     out = [max(MIN_SPLIT_TILES, longest_request)]
-    for waves in range(1, waves + 1):
-        chunk = max(MIN_SPLIT_TILES, ceil_div(work, waves * target_ctas))
+    for w in range(1, waves + 1):
+        chunk = max(MIN_SPLIT_TILES, ceil_div(work, w * target_ctas))
         out += [chunk, max(MIN_SPLIT_TILES, ceil_div(longest_request, max(1, longest_request // chunk)))]
     return out
 
@@ -65,8 +64,9 @@ def splits_of(kv_tiles: int, chunk: int, min_splits: int) -> tuple[int, int]:
 
 def choose_chunk(row_tiles: list[int], kv_tiles: list[int], target_ctas: int, min_splits: int, waves: int) -> int:
     """The schedule's chunk for requests of these row and KV tiles (weighing chunks of 1 .. waves
-    waves): the candidate whose waves of work items, each as long as the longest item, end first
-    (the first such)."""
+    waves): the candidate whose waves of work items, each as long as the longest item plus
+    MIN_SPLIT_TILES (its start and partial state, as the device counts it), end first (the first
+    such)."""
     work = sum(m * n for m, n in zip(row_tiles, kv_tiles))
     best, best_cost = 0, None
     for chunk in chunk_candidates(work, max(kv_tiles, default=0), target_ctas, waves):
@@ -75,7 +75,7 @@ def choose_chunk(row_tiles: list[int], kv_tiles: list[int], target_ctas: int, mi
             splits, per_split = splits_of(n, chunk, min_splits)
             items += m * splits
             longest = max(longest, per_split)
-        cost = ceil_div(items, target_ctas) * (longest + ITEM_OVERHEAD_TILES)
+        cost = ceil_div(items, target_ctas) * (longest + MIN_SPLIT_TILES)
         if best_cost is None or cost < best_cost:
             best, best_cost = chunk, cost
     return best

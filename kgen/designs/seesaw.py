@@ -15,8 +15,8 @@ from typing import ClassVar
 
 from ..arch import Arch
 from ..spec import Spec
-from .base import Design, TileWork, check, fitting, render_config
-from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows, wgmma_tile_work
+from .base import Design, TileWork, check
+from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows, deepest_ring, ring_config, wgmma_tile_work
 
 Q_REG_STEPS = 4  # Q·K's last k16 steps (the rope) read Q from registers; the rest from shared memory
 ROW_VALUES = 6  # per-row fp32 values the consumers pass: m0, alpha, m1, beta, two row sums
@@ -63,11 +63,7 @@ class SeesawTiles:
         return self.layout(spec)["SMEM_BYTES"]
 
     def config(self, spec: Spec) -> str:
-        m = spec.model
-        return render_config("the seesaw loop (kgen/designs/seesaw.py)", self.layout(spec),
-                             f"kgen::SeesawAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, "
-                             f"{self.stages}, {str(spec.cache.kv_dtype != 'bfloat16').lower()}, "
-                             f"{str(spec.cache.per_block).lower()}, Layout>")
+        return ring_config(spec, self, "the seesaw loop (kgen/designs/seesaw.py)", "SeesawAttnConfig")
 
     def describe(self) -> str:
         return (f"seesaw loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, producer warpgroup "
@@ -89,10 +85,7 @@ class Seesaw(Design):
         v23)."""
         check(spec.cache.mma_type in ("bf16", "f16"), f"{spec.name}: e4m3 MMAs (cache.mma e4m3) are the mma.sync loop's")
         check(not spec.cache.per_block, f"{spec.name}: the DSA pool's rows are the wgmma loop's (seesaw: a tune candidate)")
-        for stages in (4, 3):
-            if SeesawTiles(stages=stages).smem_bytes(spec) <= arch.smem_per_block:
-                return SeesawTiles(stages=stages)
-        return fitting(spec, arch, SeesawTiles(stages=2), "seesaw")
+        return deepest_ring(spec, arch, lambda stages: SeesawTiles(stages=stages), "seesaw")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[SeesawTiles]:
         """BN = 32 in 3 or 4 stages; over bf16 rows also FlashMLA's 64-key tile (Q·K as m64n64k16: half

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from ..arch import Arch
 from ..spec import Spec
 from .. import kvrows
-from .base import Design, TileWork, _mma, check, fitting, render_config, tile_work_from_loop
+from .base import Design, Tiles, TileWork, _mma, check, fitting, render_config, tile_work_from_loop
 BM = 64  # packed rows per CTA: one m64 wgmma
 # k16 steps of Q·K per consumer with Q in registers (A operand); the rest read smem. The DSA pool's
 # rows hold a second score accumulator and a second P (16 + 8 registers): all of Q goes to smem.
@@ -41,6 +41,25 @@ def converted_rows(spec: Spec, bn: int, stages: int, layout: dict[str, int], end
         layout.update(SCALE_OFF=end)
         end += stages * SCALE_BLOCKS * bn * 4
     return end
+
+
+def ring_config(spec: Spec, tiles, what: str, config: str) -> str:
+    """The C++ of an sm_90 loop on the WgRing (templates/wgmma_ring.cuh): its layout and `Cfg`,
+    kgen::<config><heads, D, DV, BN, STAGES, fp8 rows, DSA rows, Layout>."""
+    m = spec.model
+    return render_config(what, tiles.layout(spec),
+                         f"kgen::{config}<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {tiles.bn}, "
+                         f"{tiles.stages}, {str(spec.cache.kv_dtype != 'bfloat16').lower()}, "
+                         f"{str(spec.cache.per_block).lower()}, Layout>")
+
+
+def deepest_ring(spec: Spec, arch: Arch, tiles_of: Callable[[int], Tiles], loop: str) -> Tiles:
+    """An sm_90 loop's tiling with the deepest ring that fits `arch`: 4 stages, else 3, else 2
+    (PlanError where even those do not fit)."""
+    for stages in (4, 3):
+        if tiles_of(stages).smem_bytes(spec) <= arch.smem_per_block:
+            return tiles_of(stages)
+    return fitting(spec, arch, tiles_of(2), loop)
 
 
 @dataclass(frozen=True)
@@ -85,11 +104,7 @@ class WgmmaTiles:
 
     def config(self, spec: Spec) -> str:
         """The C++ Config (`Cfg`) the kernel is instantiated with, and the layout it reads."""
-        m = spec.model
-        return render_config("the wgmma loop (kgen/designs/wgmma.py)", self.layout(spec),
-                             f"kgen::WgmmaAttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bn}, "
-                             f"{self.stages}, {str(spec.cache.kv_dtype != 'bfloat16').lower()}, "
-                             f"{str(spec.cache.per_block).lower()}, Layout>")
+        return ring_config(spec, self, "the wgmma loop (kgen/designs/wgmma.py)", "WgmmaAttnConfig")
 
     def describe(self) -> str:
         return (f"wgmma loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, producer warpgroup "
@@ -112,10 +127,7 @@ class Wgmma(Design):
         v20b)."""
         check(spec.cache.mma_type in ("bf16", "f16"),
               f"{spec.name}: e4m3 MMAs (cache.mma e4m3) are the mma.sync loop's")
-        for stages in (4, 3):
-            if WgmmaTiles(stages=stages).smem_bytes(spec) <= arch.smem_per_block:
-                return WgmmaTiles(stages=stages)
-        return fitting(spec, arch, WgmmaTiles(stages=2), "wgmma")
+        return deepest_ring(spec, arch, lambda stages: WgmmaTiles(stages=stages), "wgmma")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[WgmmaTiles]:
         if spec.cache.mma_type == "bf16":
