@@ -10,11 +10,11 @@
 #   sglang_dsa       20, 22: the DSA backends' part of that (~90 s)
 #   sparse_tests     21: the sparse GPU suite, both plans (~60 s)
 #   wgmma_fp8_tests  20: the wgmma loop over fp8 rows against the reference (~40 s)
-#   seesaw_check     19: the seesaw loop (v23, and v25's BN = 64): its GPU tests, then per-tensor fp8 rows on
-#                    it and on the wgmma loop and the DSA pool's rows on it (bench.dsa_rows) (~3 min)
-#   seesaw_speed     19: bench.model_validate's seesaw variants (BN 32 in 4 and 3 stages, BN 64) on 10
-#                    shapes, issue 19's table on BN = 64 at page 64 with the peers (bench.run --tiles;
-#                    .whl_peers), ncu of its verify kernel (~3 min)
+#   seesaw_check     19: the seesaw loop (v23): its GPU tests, then per-tensor fp8 rows on it and on the
+#                    wgmma loop and the DSA pool's rows on it (bench.dsa_rows) (~3 min)
+#   seesaw_speed     19: bench.model_validate's seesaw variants (4 and 3 stages, 8 and 16 heads) on 10
+#                    shapes, issue 19's table of the plan at page 64 with the peers (.whl_peers), ncu of
+#                    its verify kernel (~3 min)
 #   dsa_rows         20: page-64 / DSA-row verify and decode timings, the plans', then per-tensor fp8 on the
 #                    wgmma candidate (~60 s)
 #   sparse_bench     21: union, gather and FlashMLA's sparse decode (~60 s)
@@ -59,11 +59,11 @@ for s in "${steps[@]}"; do case $s in
         step wgmma_fp8_rows 100 python3 -m bench.dsa_rows --formats fp8 --fp8-tiles wgmma:32,3,1 --out "$out"
         step seesaw_dsa_rows 100 python3 -m bench.dsa_rows --formats dsa --dsa-tiles seesaw:32,3,1 --out "$out" ;;
     seesaw_speed) step seesaw_timing 240 python3 -m bench.model_validate --out "$out/model_validate_seesaw.json" \
-            --variants seesaw4,seesaw64,seesaw3,seesaw4_tp4 --shapes compute,compute_l32k,compute_b8,\
+            --variants seesaw4,seesaw3,seesaw4_tp4 --shapes compute,compute_l32k,compute_b8,\
 compute_t64,compute_b8_t64,small,small_b32,memory,h16_compute,h16_b16_t33
-        step seesaw_peers 300 python3 -m bench.run --tiles seesaw:64,2,1 --shapes issue19 --page-size 64 --no-triton \
-            --peers all --no-halves --out "$out"
-        step ncu_bf16_seesaw 60 "${NCU[@]}" --spec specs/glm5_sm120.yaml --tiles seesaw:64,2,1 ;;
+        step seesaw_peers 300 python3 -m bench.run --shapes issue19 --page-size 64 --no-triton --peers all --no-halves \
+            --out "$out"
+        step ncu_bf16_seesaw 60 "${NCU[@]}" --spec specs/glm5_sm120.yaml --tiles seesaw:32,4,1 ;;
     sparse_bench) step sparse_bench 90 python3 -m bench.sparse --time-limit 60 --out "$out" ;;
     ncu) step ncu_fp8_rows_wgmma 60 "${NCU[@]}" --spec specs/glm5_dsa_fp8_sm120.yaml --tiles wgmma:32,3,1
          step ncu_fp8_tensor_wgmma 60 "${NCU[@]}" --spec specs/glm5_fp8_sm120.yaml --tiles wgmma:32,3,1

@@ -36,7 +36,6 @@ VARIANTS = {
     "wgmma3": ("specs/glm5_sm120.yaml", "sm_90", "wgmma:32,3,1"),
     "seesaw4": ("specs/glm5_sm120.yaml", "sm_90", "seesaw:32,4,1"),  # sm_90's seesaw loop, 4 and 3 stages
     "seesaw3": ("specs/glm5_sm120.yaml", "sm_90", "seesaw:32,3,1"),
-    "seesaw64": ("specs/glm5_sm120.yaml", "sm_90", "seesaw:64,2,1"),  # FlashMLA's 64-key tile, 2 stages
     "wgmma4_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_90", "wgmma:32,4,1"),
     "seesaw4_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_90", "seesaw:32,4,1"),
     "sm90_mma4": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:32,32,2,4,1"),

@@ -52,8 +52,7 @@ struct SeesawAttnConfig : WgRing<HEADS_, D_, DV_, BN_, STAGES_, KV_FP8_, KV_SCAL
     enum RowValue { M0, ALPHA, M1, BETA, SUM0, SUM1 };  // ROW_OFF's [6][BM] fp32
 
     static_assert(D - DV == 64 && WG_DV == 256, "written for 64 rope dims and m64n256 P·V");
-    static_assert(BN == 32 || (BN == 64 && !KV_FP8), "Q·K uses m64n32k16 wgmmas, or (bf16 rows) m64n64k16; a "
-                  "probability tile's 128-byte row holds 64 keys");
+    static_assert(BN == 32, "Q·K uses m64n32k16 wgmmas; a probability tile's row is 64 of its 128 bytes");
     static_assert(Q_REG_STEPS % 4 == 0 && Q_SLABS * 4 == Q_SMEM_STEPS, "Q's smem part is whole column blocks");
     static_assert(Layout::P_OFF % 1024 == 0 && Layout::P_TILE == BM * 128, "probability tiles are swizzled blocks");
     static_assert(!KV_SCALED || (KV_FP8 && Q_SMEM_STEPS == 4 * BLOCK_STEPS && Row::SCALE_BLOCK * 2 == WG_DV),
@@ -88,25 +87,16 @@ __device__ __forceinline__ int ss_wait_full(char* smem, int pos) {
 
 // One k-step of Q·K into acc: Q from shared memory (its first Q_SMEM_STEPS) or registers.
 template <class C>
-__device__ __forceinline__ void ss_qk_step(float (&acc)[C::BN / 2], const WgConsumer<C>& st, const SsDescs& d,
+__device__ __forceinline__ void ss_qk_step(float (&acc)[16], const WgConsumer<C>& st, const SsDescs& d,
                                            unsigned long long k, int ks, bool accumulate) {
     const unsigned long long kd = desc_add(k, dim_offset(16 * ks, C::SLAB));
-    if (ks < C::Q_SMEM_STEPS) {
-        const unsigned long long qd = desc_add(d.q, dim_offset(16 * ks, C::Q_SLAB));
-        if constexpr (C::BN == 32)
-            wgmma_m64n32k16_ss(acc, qd, kd, accumulate);
-        else
-            wgmma_m64n64k16_ss(acc, qd, kd, accumulate);
-    } else {
-        const auto& qf = st.qf[ks < C::Q_SMEM_STEPS ? 0 : ks - C::Q_SMEM_STEPS];
-        if constexpr (C::BN == 32)
-            wgmma_m64n32k16(acc, qf, kd, accumulate);
-        else
-            wgmma_m64n64k16(acc, qf, kd, accumulate);
-    }
+    if (ks < C::Q_SMEM_STEPS)
+        wgmma_m64n32k16_ss(acc, desc_add(d.q, dim_offset(16 * ks, C::Q_SLAB)), kd, accumulate);
+    else
+        wgmma_m64n32k16(acc, st.qf[ks < C::Q_SMEM_STEPS ? 0 : ks - C::Q_SMEM_STEPS], kd, accumulate);
 }
 
-// DSA rows (BN = 32): s += scale_b(key) x acc, block b's partial scores.
+// DSA rows: s += scale_b(key) x acc, block b's partial scores.
 template <class C>
 __device__ __forceinline__ void ss_fold(float (&s)[16], const float (&acc)[16], const float* scales, int b) {
     const WgCoords w = WgCoords::of();
@@ -124,7 +114,7 @@ __device__ __forceinline__ void ss_fold(float (&s)[16], const float (&acc)[16], 
 // then block b into acc[b % 2], folded into s once in (block b + 1 runs meanwhile).
 template <class C>
 __device__ __forceinline__ void ss_scores(char* smem, const WgConsumer<C>& st, const SsDescs& d, int pos,
-                                          float (&s)[C::BN / 2]) {
+                                          float (&s)[16]) {
     const int stage = ss_wait_full<C>(smem, pos);
     const unsigned long long k = desc_add(d.k, stage * C::STAGE_BYTES);
     wgmma_fence();
@@ -205,7 +195,7 @@ __device__ __forceinline__ void ss_issue_pv_shared(WgConsumer<C>& st, const SsDe
 template <class C, class Visible>
 __device__ __forceinline__ void ss_first_tile(char* smem, WgConsumer<C>& st, const SsDescs& d, int pos, int tile,
                                               int num_keys, const Visible& visible, float scale_log2,
-                                              float (&s)[C::BN / 2], WgP<C>& pf) {
+                                              float (&s)[16], WgP<C>& pf) {
     const WgCoords w = WgCoords::of();
     ss_scores<C>(smem, st, d, pos, s);
     wg_mask<C>(s, tile, num_keys, visible);
@@ -232,7 +222,7 @@ template <class C, class Visible>
 __device__ __forceinline__ void ss_first_pair(char* smem, WgConsumer<C>& st, const SsDescs& d, int pos, int tile,
                                               int num_keys, const Visible& visible, float scale_log2) {
     const WgCoords w = WgCoords::of();
-    float s[C::BN / 2];
+    float s[16];
     WgP<C> pf;
     ss_first_tile<C>(smem, st, d, pos, tile, num_keys, visible, scale_log2, s, pf);
     named_barrier(C::MAX1_BAR, 256);  // consumer 1's m1 and beta
@@ -263,7 +253,7 @@ __device__ __forceinline__ void ss_first_pair(char* smem, WgConsumer<C>& st, con
 template <class C, class Visible>
 __device__ __forceinline__ void ss_first_single(char* smem, WgConsumer<C>& st, const SsDescs& d, int pos, int tile,
                                                 int num_keys, const Visible& visible, float scale_log2) {
-    float s[C::BN / 2];
+    float s[16];
     WgP<C> pf;
     ss_first_tile<C>(smem, st, d, pos, tile, num_keys, visible, scale_log2, s, pf);
     named_barrier(C::MAX1_BAR, 256);  // consumer 1 is done with the probability tiles
@@ -280,7 +270,7 @@ template <class C, class Visible>
 __device__ __forceinline__ void ss_second_pair(char* smem, WgConsumer<C>& st, const SsDescs& d, int pos, int tile,
                                                int num_keys, const Visible& visible, float scale_log2) {
     const WgCoords w = WgCoords::of();
-    float s[C::BN / 2];
+    float s[16];
     ss_scores<C>(smem, st, d, pos + 1, s);
     wg_mask<C>(s, tile + 1, num_keys, visible);
     const float tile_max[2] = {wg_row_max(s, 0) * scale_log2, wg_row_max(s, 1) * scale_log2};

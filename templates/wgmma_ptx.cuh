@@ -55,12 +55,12 @@ __device__ __forceinline__ void cp_async_arrive(mbarrier* bar) {
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// wgmma's accumulator operands: the placeholders of a 16-, 32-, 64- or 128-float accumulator (operands
-// 0 .. N - 1, so the A, B and predicate operands follow at N) and the read-write constraints of 8 floats.
+// wgmma's accumulator operands: the placeholders of a 16-, 64- or 128-float accumulator (operands 0 ..
+// N - 1, so the A, B and predicate operands follow at N) and the read-write constraints of 8 floats.
 #define KGEN_WG_D16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-#define KGEN_WG_D32 KGEN_WG_D16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define KGEN_WG_D64 \
-    KGEN_WG_D32 "," \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define KGEN_WG_D128 \
@@ -92,26 +92,6 @@ __device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], unsigned long
                  " wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {" KGEN_WG_D16
                  "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
                  : KGEN_WG_ACC8(d, 0), KGEN_WG_ACC8(d, 8)
-                 : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)));
-}
-
-// d = a * b (+ d if accumulate): M=64, N=64, K=16; A from registers, B K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const unsigned (&a)[4], unsigned long long b_desc,
-                                               bool accumulate) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %37, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" KGEN_WG_D32
-                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-                 : KGEN_WG_ACC8(d, 0), KGEN_WG_ACC8(d, 8), KGEN_WG_ACC8(d, 16), KGEN_WG_ACC8(d, 24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(int(accumulate)));
-}
-
-// d = a * b (+ d if accumulate): M=64, N=64, K=16; A and B K-major in shared memory.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], unsigned long long a_desc, unsigned long long b_desc,
-                                                   bool accumulate) {
-    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %34, 0;\n"
-                 " wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" KGEN_WG_D32
-                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : KGEN_WG_ACC8(d, 0), KGEN_WG_ACC8(d, 8), KGEN_WG_ACC8(d, 16), KGEN_WG_ACC8(d, 24)
                  : "l"(a_desc), "l"(b_desc), "r"(int(accumulate)));
 }
 

@@ -269,13 +269,13 @@ __device__ __forceinline__ void wg_begin(char* smem, WgConsumer<C>& st, const QR
 }
 
 // Keys past the range and keys a row does not see score -inf in a tile's scores s[4i + 2h + e]
-// (row g + 8h, key 8i + 2t + e; N = BN / 2 of them a thread); whole prefix tiles skip the test.
-template <class C, int N, class Visible>
-__device__ __forceinline__ void wg_mask(float (&s)[N], int tile, int num_keys, const Visible& visible) {
+// (row g + 8h, key 8i + 2t + e); whole prefix tiles skip the test.
+template <class C, class Visible>
+__device__ __forceinline__ void wg_mask(float (&s)[16], int tile, int num_keys, const Visible& visible) {
     if (Visible::ALL && (tile + 1) * C::BN <= num_keys) return;
     const WgCoords w = WgCoords::of();
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -285,45 +285,24 @@ __device__ __forceinline__ void wg_mask(float (&s)[N], int tile, int num_keys, c
             }
 }
 
-// op over N values as a pairwise tree (its order fixes a sum's rounding).
-template <int N, class Op>
-__device__ __forceinline__ float tree_reduce(const float* v, const Op& op) {
-    if constexpr (N == 1)
-        return v[0];
-    else
-        return op(tree_reduce<N / 2>(v, op), tree_reduce<N / 2>(v + N / 2, op));
-}
-
-// Row h's values of a thread's scores s[4i + 2h + e], in key order.
-template <int N>
-__device__ __forceinline__ void wg_row_values(const float (&s)[N], int h, float (&v)[N / 2]) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) v[2 * i + e] = s[4 * i + 2 * h + e];
-}
-
 // Row max of row h's raw scores (the scale is positive, so it commutes with max), as a tree.
-template <int N>
-__device__ __forceinline__ float wg_row_max(const float (&s)[N], int h) {
-    float v[N / 2];
-    wg_row_values(s, h, v);
-    float m = tree_reduce<N / 2>(v, [](float a, float b) { return fmaxf(a, b); });
+__device__ __forceinline__ float wg_row_max(const float (&s)[16], int h) {
+    float m = fmaxf(fmaxf(fmaxf(s[2 * h], s[2 * h + 1]), fmaxf(s[4 + 2 * h], s[5 + 2 * h])),
+                    fmaxf(fmaxf(s[8 + 2 * h], s[9 + 2 * h]), fmaxf(s[12 + 2 * h], s[13 + 2 * h])));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     return fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
 }
 
 // Row h's scores become their probabilities 2^(s scale_log2 - ref); returns this thread's share of
 // their sum.
-template <int N>
-__device__ __forceinline__ float wg_exp_row(float (&s)[N], int h, float scale_log2, float ref) {
-    float p[N / 2];
+__device__ __forceinline__ float wg_exp_row(float (&s)[16], int h, float scale_log2, float ref) {
+    float p[8];
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
             p[2 * i + e] = s[4 * i + 2 * h + e] = exp2_fast(fmaf(s[4 * i + 2 * h + e], scale_log2, -ref));
-    return tree_reduce<N / 2>(p, [](float a, float b) { return a + b; });
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
 }
 
 // O *= alpha (per row h), skipped once the maxima settle (alpha is exactly 1). No P·V may be in flight.
@@ -374,7 +353,7 @@ __device__ __forceinline__ const float* ring_scales(char* smem, int pos) {
 // rows: pf[j] for value block first_block + j (consumer c's are 2c and 2c + 1), each key's
 // probability times that block's scale (in fp32, rounded once).
 template <class C>
-__device__ __forceinline__ void wg_pack_p(const float (&s)[C::BN / 2], const float (&f)[2], const float* scales,
+__device__ __forceinline__ void wg_pack_p(const float (&s)[16], const float (&f)[2], const float* scales,
                                           int first_block, WgP<C>& pf) {
     const WgCoords w = WgCoords::of();
 #pragma unroll

@@ -390,8 +390,7 @@ def test_the_seesaw_loop_fits_four_stages_and_compiles_for_sm90a(tmp_path):
     assert layout["Q_SLABS"] == 8 and layout["P_OFF"] == layout["Q_SMEM_OFF"] + 8 * 64 * 128
     assert layout["BAR_OFF"] == layout["ROW_OFF"] + 6 * 64 * 4 and layout["P_OFF"] % 1024 == 0
     assert p.tiles.smem_bytes(spec) <= arch.smem_per_block
-    assert seesaw_design.DESIGN.candidates(spec, arch) == [SeesawTiles(stages=3), SeesawTiles(stages=4),
-                                                           SeesawTiles(bn=64, stages=2)]
+    assert seesaw_design.DESIGN.candidates(spec, arch) == [SeesawTiles(stages=3), SeesawTiles(stages=4)]
     built = {b.variant.name: b for b in build(p, ["sm_90"], KernelCache(tmp_path), inspect=True)}
     for name in ("prefix_attn", "verify_attn", "tree_attn"):
         b = built[name]
@@ -400,28 +399,6 @@ def test_the_seesaw_loop_fits_four_stages_and_compiles_for_sm90a(tmp_path):
         assert {"HGMMA.64x32x16.F32.BF16", "HGMMA.64x256x16.F32.BF16"} <= ops and b.sass["LDGSTS"] > 0, name
         # prefix_attn's producer reloads one word a tile at 24 registers (a 4-byte store and load)
         assert b.report.spill_bytes <= (8 if name == "prefix_attn" else 0), (name, b.report)
-
-
-def test_the_seesaw_loop_takes_flashmlas_64_key_tile_over_bf16_rows(tmp_path):
-    """BN = 64 (a tune candidate): 2 stages of 73,728 B beside Q's 64 KB and two full 128-byte-row
-    probability tiles fit 227 KB; Q·K is one m64n64k16 chain over all 576 dims. Its spills are a word
-    or two (verify: one, stored once and reloaded once; prefix: the producer's at 24 registers, as at
-    BN = 32). fp8 rows' raw stages do not fit."""
-    spec, arch = kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), get_arch("sm_90")
-    tiles = SeesawTiles(bn=64, stages=2)
-    layout = tiles.layout(spec)
-    assert layout["STAGE_BYTES"] == 9 * 64 * 128 and layout["P_TILE"] == 64 * 128
-    assert layout["SMEM_BYTES"] <= arch.smem_per_block < SeesawTiles(bn=64, stages=3).smem_bytes(spec)
-    p = plan(spec, "sm_90", tiles)
-    built = {b.variant.name: b for b in build(p, ["sm_90"], KernelCache(tmp_path), inspect=True)}
-    for name in ("prefix_attn", "verify_attn", "tree_attn"):
-        b = built[name]
-        ops = set(sass.opcodes(sass.dump(b.cubin)))
-        assert {"HGMMA.64x64x16.F32.BF16", "HGMMA.64x256x16.F32.BF16"} <= ops and "HGMMA.64x32x16.F32.BF16" not in ops
-        assert b.report.spill_bytes <= 16, (name, b.report)
-    fp8 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml")
-    with pytest.raises(PlanError, match="BN=32"):
-        plan(fp8, "sm_90", tiles)
 
 
 def test_the_seesaw_loop_takes_per_tensor_fp8_rows_in_three_stages_beside_the_raw_stages(tmp_path):

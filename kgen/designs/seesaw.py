@@ -40,10 +40,9 @@ class SeesawTiles:
         alignment slack."""
         m = spec.model
         check(spec.cache.mma_type in ("bf16", "f16") and m.head_dim - m.value_dim == 64
-              and m.value_dim == 512 and self.stages >= 2
-              and (self.bn == 32 or (self.bn == 64 and spec.cache.kv_dtype == "bfloat16")),
+              and m.value_dim == 512 and self.bn == 32 and self.stages >= 2,
               f"seesaw tiles {self}: the seesaw loop takes a bf16 or fp8 (cache.mma f16) KV cache, "
-              f"value width 512, 64 rope dims, BN=32 (bf16 rows: or 64) and at least 2 stages")
+              f"value width 512, 64 rope dims, BN=32 and at least 2 stages")
         slab, tile = self.bn * SLAB_ROW, BM * SLAB_ROW
         stage_bytes = (m.head_dim // 64) * slab
         q_slabs = (m.head_dim // 16 - Q_REG_STEPS) // 4
@@ -88,14 +87,9 @@ class Seesaw(Design):
         return deepest_ring(spec, arch, lambda stages: SeesawTiles(stages=stages), "seesaw")
 
     def candidates(self, spec: Spec, arch: Arch) -> list[SeesawTiles]:
-        """BN = 32 in 3 or 4 stages; over bf16 rows also FlashMLA's 64-key tile (Q·K as m64n64k16: half
-        the K operand's shared-memory reads per FLOP of m64n32k16), 2 stages of it fitting."""
         if spec.cache.mma_type not in ("bf16", "f16"):
             return []  # e4m3 MMAs keep mma.sync
-        tiles = [SeesawTiles(stages=s) for s in (3, 4)]
-        if spec.cache.kv_dtype == "bfloat16":
-            tiles.append(SeesawTiles(bn=64, stages=2))
-        return [t for t in tiles if t.smem_bytes(spec) <= arch.smem_per_block]
+        return [t for t in (SeesawTiles(stages=s) for s in (3, 4)) if t.smem_bytes(spec) <= arch.smem_per_block]
 
     def tile_work(self, spec: Spec, tiles: SeesawTiles, loop: Counter) -> TileWork:
         """The tile loop in the SASS is one consumer's pair of tiles: Q·K of its own tile over all D
