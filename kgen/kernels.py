@@ -87,11 +87,30 @@ TREE = AttentionEntry("tree_attn", "tree_attention", tree=True)
 
 # ---- the combine: an attention call's second launch ----------------------------------------------
 
+# templates/merge.cuh's combine: a group of value_dim / 4 threads per STATE_BATCH states in flight
+# a row, at most MAX_GROUPS groups a CTA.
+COMBINE_MAX_GROUPS, COMBINE_STATE_BATCH = 8, 4
+
+
 @dataclass(frozen=True)
 class CombineEntry(KernelEntry):
     def grid(self, rows: int) -> int:
         """One CTA per output row (token, head): it merges that row's split partial states."""
         return rows
+
+    @staticmethod
+    def threads(value_dim: int, rows: int, items: int, bm: int, batch: int, sm_count: int) -> int:
+        """Threads of a combine CTA: enough groups to hold a row's states in flight at once, while
+        every row's CTA still runs in one wave (an SM holds 1024 of its threads: its launch bounds).
+        A row has at most ~items x (real rows of an item) / rows states, where an item's real rows
+        are its row tile's, at most the tokens x heads of an average request (decode fills 8 of 64)."""
+        item_rows = min(bm, ceil_div(rows, max(1, batch)))
+        states = ceil_div(items * item_rows, max(1, rows))
+        cols, groups = value_dim // 4, 1
+        while (groups < COMBINE_MAX_GROUPS and groups * COMBINE_STATE_BATCH < states
+               and rows * cols * groups * 2 <= sm_count * 1024):
+            groups *= 2
+        return cols * groups
 
     def step_args(self, step) -> dict[str, object]:
         """The argument block but the outputs (o, lse: per layer call)."""
@@ -100,11 +119,13 @@ class CombineEntry(KernelEntry):
 
 
 def combine_variant(c: PlanContext, name: str, bm: int) -> Variant:
-    """Merges an attention call's split partials (bm rows each) into o and lse."""
+    """Merges an attention call's split partials (bm rows each) into o and lse; launched with
+    CombineEntry.threads (at most the variant's)."""
     m = c.spec.model
     return Variant(kernel=name, name=name, template="lse_combine.cu.j2",
-                   threads=m.value_dim // 4, smem_bytes=0, min_blocks=4,
-                   constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": bm},
+                   threads=m.value_dim // 4 * COMBINE_MAX_GROUPS, smem_bytes=0, min_blocks=1,
+                   constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": bm,
+                              "MAX_GROUPS": COMBINE_MAX_GROUPS, "STATE_BATCH": COMBINE_STATE_BATCH},
                    params=params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
                                  "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
                                  "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),

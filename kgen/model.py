@@ -51,6 +51,8 @@ from .build import build_variant
 from .cache import KernelCache
 from .designs import Tiles, TileWork
 from .errors import KgenError, PlanError
+from .kernels import COMBINE, COMBINE_STATE_BATCH
+from .occupancy import occupancy
 from .plan import Plan, plan
 from .model_sim import Item, Shape, simulate, work_items
 from .splitkv import ceil_div
@@ -214,6 +216,7 @@ class Call:
     items: tuple[Item, ...]
     splits: int  # partial states per output row
     combine_slots: int  # combine CTAs (one per output row) that run at once
+    combine_rounds: int  # batches of loads in a combine CTA's chain (kgen/kernels.py CombineEntry)
 
     @property
     def slots(self) -> int:
@@ -229,11 +232,11 @@ class Call:
             compute_us, pipe = ring_us, "latency"
         bandwidth = cal.dram_efficiency * arch.dram_gbps * 1e3  # bytes per us
         makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, cal.startup_us)
-        # the combine: one CTA per output row reads the row's states, a latency chain per wave of
-        # rows, or all states at the DRAM bandwidth
+        # the combine: one CTA per output row reads the row's states, a latency chain of
+        # combine_rounds batches per wave of rows, or all states at the DRAM bandwidth
         rows = shape.B * shape.T * shape.H
         partials = len(self.items) * self.plan.tiles.bm * (spec.model.value_dim + 1) * 4
-        chains = ceil_div(rows, self.combine_slots) * self.splits * cal.state_us
+        chains = ceil_div(rows, self.combine_slots) * self.combine_rounds * cal.state_us
         combine = cal.combine_us + max(chains, (partials + rows * spec.model.value_dim * 2) / (arch.dram_gbps * 1e3))
         if spec.cache.kv_dtype != "bfloat16" and not shape.decode and not shape.stored_tree:
             combine += cal.quantize_us  # (per-call time, counted with the combine)
@@ -252,8 +255,18 @@ def call(spec: Spec, shape: Shape, arch: str | Arch, *, plan_for: str | None = N
     p = plan(spec, plan_for, tiles)
     work = tile_work(p, arch)
     items, splits = work_items(p, shape, arch.sm_count * p.tiles.min_blocks)
+    return Call(spec, shape, arch, p, work, tuple(items), splits, *combine_shape(p, shape, arch, len(items), splits))
+
+
+def combine_shape(p: Plan, shape: Shape, arch: Arch, items: int, splits: int) -> tuple[int, int]:
+    """(combine CTAs that run at once, batches of loads in each one's chain) for a call of `items`
+    work items and `splits` states a row, the combine launched as a prepared step launches it."""
     combine = build_variant(p.variant("lse_combine"), arch.name, KernelCache())
-    return Call(spec, shape, arch, p, work, tuple(items), splits, arch.sm_count * combine.occupancy.ctas_per_sm)
+    rows = shape.B * shape.T * shape.H
+    threads = COMBINE.threads(p.spec.model.value_dim, rows, items, p.tiles.bm, shape.B, arch.sm_count)
+    groups = threads // (p.spec.model.value_dim // 4)
+    ctas = occupancy(arch, threads, combine.report.registers, combine.smem_bytes).ctas_per_sm
+    return arch.sm_count * ctas, ceil_div(splits, groups * COMBINE_STATE_BATCH)
 
 
 def predict(spec: Spec, shape: Shape, arch: str | Arch, *, plan_for: str | None = None,

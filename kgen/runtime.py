@@ -68,10 +68,12 @@ class Kernel:
         kernel._module = module  # the CUmodule stays loaded while the kernel lives
         return kernel
 
-    def launch(self, grid: int, params: ParamBlock, stream) -> None:
-        """Launch `grid` CTAs with a packed parameter block on `stream` (a CUstream). cuda-python
-        takes an int kernelParams as a ready void** and converts nothing (its _HelperKernelParams)."""
-        err, = self._launch(self._func, grid, 1, 1, self._threads, 1, 1, self._smem, stream, params.address, 0)
+    def launch(self, grid: int, params: ParamBlock, stream, threads: int | None = None) -> None:
+        """Launch `grid` CTAs (of `threads`, default and at most the variant's) with a packed
+        parameter block on `stream` (a CUstream). cuda-python takes an int kernelParams as a ready
+        void** and converts nothing (its _HelperKernelParams)."""
+        err, = self._launch(self._func, grid, 1, 1, threads or self._threads, 1, 1, self._smem, stream,
+                            params.address, 0)
         if err:
             check(err, f"launching {self.variant.name}")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import checks, env
+from .kernels import SPARSE_COMBINE
 from .kvargs import KVArgs
 from .sparse_plan import MIN_CHUNK, list_capacity
 from .splitkv import ceil_div
@@ -111,6 +112,9 @@ class SparseStep:
             req_meta=base + req_meta, part_o=base,
             part_lse=base + part_lse, lists=base + lists, num_slots=0)
         self._combine = kernels.combine
+        rows = self.num_tokens * spec.model.num_q_heads
+        self._combine_threads = SPARSE_COMBINE.threads(spec.model.value_dim, rows, self.grid, kernels.bm, batch,
+                                                       kernels.sm_count)
         self._combine_block = self._combine.layout.pack(part_o=base, part_lse=base + part_lse,
                                                         qo_indptr=self.qo_indptr, req_meta=base + req_meta,
                                                         batch=batch, o=None, lse=None)
@@ -151,7 +155,7 @@ class SparseStep:
             self._state.error_flag.zero_()
         stream = self._state.stream()
         self._kernel.launch(self.grid, self._block, stream)
-        self._combine.launch(self.num_tokens * self._q_shape[1], self._combine_block, stream)
+        self._combine.launch(self.num_tokens * self._q_shape[1], self._combine_block, stream, self._combine_threads)
         if self.validate:
             flag = int(self._state.error_flag.item())  # KGEN_VALIDATE=1 is a debug mode: the sync is expected
             if flag & 1:

@@ -14,10 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .arch import Arch, get_arch
-from .build import build_variant
-from .cache import KernelCache
 from . import kvrows
-from .model import Call, Floor, Item, Prediction, Shape, calibration, tile_work
+from .model import Call, Floor, Item, Prediction, Shape, calibration, combine_shape, tile_work
 from .plan import plan
 from .sparse_plan import MIN_CHUNK, sparse_tiles, tile_tokens
 from .splitkv import ceil_div
@@ -74,8 +72,8 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
         tiles = max(1, ceil_div(round(keys), bn) + (ceil_div(sh.T, bn) if split == splits - 1 else 0))
         items += [Item(tiles, request_bytes / row_tiles / tiles)] * row_tiles
     work = tile_work(p, arch)
-    combine = build_variant(p.variant("lse_combine"), arch.name, KernelCache())
-    call = Call(spec, sh, arch, p, work, tuple(items * sh.B), splits, arch.sm_count * combine.occupancy.ctas_per_sm)
+    all_items = tuple(items * sh.B)
+    call = Call(spec, sh, arch, p, work, all_items, splits, *combine_shape(p, sh, arch, len(all_items), splits))
     cal = calibration()
     build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3)
     prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us))

@@ -100,8 +100,8 @@ class Step:
         self.target_ctas = ctx.target_ctas(self.plan)
         self._capacity = self.plan.capacity(self.num_tokens, batch, self.target_ctas)
         self._empty = self.num_tokens == 0 or batch == 0
-        self.workspace = self._check_workspace(workspace, TREE.grid(self._capacity) if self._no_prefix
-                                               else PREFIX.grid(self._capacity))
+        items = TREE.grid(self._capacity) if self._no_prefix else PREFIX.grid(self._capacity)
+        self.workspace = self._check_workspace(workspace, items)
 
         m = spec.model
         self._q_shape = (self.num_tokens, m.num_q_heads, m.head_dim)
@@ -109,8 +109,9 @@ class Step:
         self._lse_shape = (self.num_tokens, m.num_q_heads)
         self._kv = KVArgs(spec, dev)
         combine = self._kernels[COMBINE.name]
-        self._combine = (combine, COMBINE.grid(self.num_tokens * m.num_q_heads),
-                         combine.layout.pack(**COMBINE.step_args(self)))
+        rows = self.num_tokens * m.num_q_heads
+        threads = COMBINE.threads(m.value_dim, rows, items, self.plan.tiles.bm, batch, ctx.loaded.target.sm_count)
+        self._combine = (combine, COMBINE.grid(rows), threads, combine.layout.pack(**COMBINE.step_args(self)))
         self._launches: dict[AttentionEntry, tuple] = {}  # entry -> (kernel, grid, parameter block), on first use
 
     def _check_tree(self, spec, tree_mask, num_tokens: int | None) -> int:
@@ -174,7 +175,7 @@ class Step:
             v.kv_cache, v.num_slots = self._kv.cache(kv_cache)
         if entry.tree:
             v.k_tree, k_tree = self._kv.tree(k_tree, self.num_tokens, kv_scale)  # held until the launch
-        combine, combine_grid, combine_block = self._combine
+        combine, combine_grid, combine_threads, combine_block = self._combine
         if out is None:
             out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=dev)
         if lse is None:
@@ -188,7 +189,7 @@ class Step:
             self.error_flag.zero_()
         stream = self._ctx.device.stream()
         kernel.launch(grid, block, stream)
-        combine.launch(combine_grid, combine_block, stream)
+        combine.launch(combine_grid, combine_block, stream, combine_threads)
         if self.validate:
             self._raise_device_errors(entry.prefix)
         return out, lse

@@ -56,61 +56,96 @@ __device__ __forceinline__ void merge_two(const T* __restrict__ o_a, const float
 
 namespace kgen {
 
-// Final output of verify/prefix/tree attention: one CTA per output row (token, head) merges
-// the request's split partials into o (bf16) and lse; each thread owns 4 of the DV dims. Weights
-// go through shared memory so the loop over states issues independent loads (a dependent chain
-// of L2 latencies per state was the cost).
+// Final output of verify/prefix/tree attention: one CTA per output row (token, head) merges the
+// request's split partials into o (bf16) and lse. A group of DV / 4 threads owns the row's DV
+// dims, 4 a thread; the CTA has blockDim.x / (DV / 4) groups (the host sizes it to the states a
+// row can have, at most MAX_GROUPS). Group g takes states g, g + groups, ..., STATE_BATCH at a time
+// with every load of a batch in flight before its first use, and merges them online (a running
+// maximum), so no pass over the lse values comes first; the groups' states meet in shared memory.
+// The chain a CTA waits on is the request search, its req_meta, and one latency per batch
+// (a chain of a latency per state, 4 loads in flight, was this kernel's cost: bench/NOTES.md v26).
 // See schedule.cuh for the slot layout.
-template <int HEADS, int DV, int BM>
+
+// The request holding `token`: the number of requests b >= 1 with qo_indptr[b] <= token (the
+// last whose first token is at or before it; empty requests are passed over). Each warp counts
+// for itself, 32 independent loads at a time.
+__device__ __forceinline__ int request_of(const int* __restrict__ qo_indptr, int batch, int token) {
+    const int lane = threadIdx.x % 32;
+    int count = 0;
+    for (int b0 = 1; b0 < batch; b0 += 32) {
+        const int b = b0 + lane;
+        count += __popc(__ballot_sync(0xffffffffu, b < batch && qo_indptr[b] <= token));
+    }
+    return count;
+}
+
+// A merge of attention states added one at a time against a running maximum of their lse.
+struct OnlineMerge {
+    float max_lse = neg_inf(), weight_sum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+
+    // A state that saw nothing (lse = -inf) adds nothing, whatever its o holds.
+    __device__ __forceinline__ void add(float lse, float4 o, float weight = 1.f) {
+        if (lse == neg_inf()) return;
+        if (lse > max_lse) {
+            const float c = __expf(max_lse - lse);  // 0 while nothing was added
+            acc.x *= c; acc.y *= c; acc.z *= c; acc.w *= c;
+            weight_sum *= c;
+            max_lse = lse;
+        }
+        const float w = __expf(lse - max_lse);
+        acc.x += w * o.x; acc.y += w * o.y; acc.z += w * o.z; acc.w += w * o.w;
+        weight_sum += w * weight;
+    }
+};
+
+template <int HEADS, int DV, int BM, int MAX_GROUPS, int STATE_BATCH>
 __device__ __forceinline__ void combine_partials(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                                                  const int* __restrict__ qo_indptr, const int4* __restrict__ req_meta,
                                                  int batch, bf16* __restrict__ o, float* __restrict__ lse) {
     static_assert(DV % 4 == 0, "4 dims per thread");
-    constexpr int CHUNK = 256;  // states whose weights are staged at a time
-    __shared__ float weight[CHUNK];
-    __shared__ float scratch[32];
+    constexpr int COLS = DV / 4;
+    __shared__ float4 group_acc[MAX_GROUPS][COLS];
+    __shared__ float group_max[MAX_GROUPS], group_sum[MAX_GROUPS];
     const long long out_row = blockIdx.x;  // token * HEADS + head
     const int token = static_cast<int>(out_row / HEADS), h = static_cast<int>(out_row % HEADS);
-    int lo = 0, hi = batch - 1;  // last request whose first token is <= token
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (qo_indptr[mid] <= token) lo = mid; else hi = mid - 1;
-    }
-    const int4 meta = req_meta[lo];  // (first item, splits, 0, row tiles)
-    const int r = (token - qo_indptr[lo]) * HEADS + h, row_tile = r / BM, row = r % BM;
+    const int groups = blockDim.x / COLS, g = threadIdx.x / COLS, col = threadIdx.x % COLS;
+    const int b = request_of(qo_indptr, batch, token);
+    const int4 meta = req_meta[b];  // (first item, splits, 0, row tiles)
+    const int r = (token - qo_indptr[b]) * HEADS + h, row_tile = r / BM, row = r % BM;
     const int states = meta.y;
     auto at = [&](int s) {  // index of (split s, this row) in part_lse; times DV in part_o
         return ((long long)meta.x + s * meta.w + row_tile) * BM + row;
     };
 
-    float m = neg_inf();
-    for (int s = threadIdx.x; s < states; s += blockDim.x) m = fmaxf(m, part_lse[at(s)]);
-    StateMerge merge(block_reduce<Max>(m, scratch));
-    float local_sum = 0.f;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < states; s0 += CHUNK) {
-        const int n = min(CHUNK, states - s0);
-        for (int k = threadIdx.x; k < n; k += blockDim.x) {
-            const float w = merge.empty() ? 0.f : merge.weight(part_lse[at(s0 + k)]);
-            weight[k] = w;
-            local_sum += w;
+    OnlineMerge merge;
+    for (int s0 = g; s0 < states; s0 += groups * STATE_BATCH) {
+        float l[STATE_BATCH];
+        float4 v[STATE_BATCH];
+#pragma unroll
+        for (int k = 0; k < STATE_BATCH; ++k) {  // every load of the batch, then their uses
+            const int s = s0 + k * groups;
+            l[k] = s < states ? part_lse[at(s)] : neg_inf();
+            v[k] = s < states ? *reinterpret_cast<const float4*>(part_o + at(s) * DV + col * 4)
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        __syncthreads();
-#pragma unroll 4
-        for (int k = 0; k < n; ++k) {
-            const float w = weight[k];
-            const float4 v = *reinterpret_cast<const float4*>(part_o + at(s0 + k) * DV + threadIdx.x * 4);
-            if (w != 0.f) {  // a state that saw nothing adds nothing, whatever its o holds
-                acc.x += w * v.x; acc.y += w * v.y; acc.z += w * v.z; acc.w += w * v.w;
-            }
-        }
-        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < STATE_BATCH; ++k) merge.add(l[k], v[k]);
     }
-    merge.weight_sum = block_reduce<Sum>(local_sum, scratch);
-    const float inv = merge.inv_weight();
-    uint2 packed = make_uint2(pack_bf16x2(acc.x * inv, acc.y * inv), pack_bf16x2(acc.z * inv, acc.w * inv));
-    *reinterpret_cast<uint2*>(o + out_row * DV + threadIdx.x * 4) = packed;
-    if (threadIdx.x == 0) lse[out_row] = merge.lse();
+    group_acc[g][col] = merge.acc;
+    if (col == 0) {
+        group_max[g] = merge.max_lse;
+        group_sum[g] = merge.weight_sum;
+    }
+    __syncthreads();
+    if (g != 0) return;
+    OnlineMerge all;  // the groups' merges, each a state of weight sum group_sum
+    for (int k = 0; k < groups; ++k) all.add(group_max[k], group_acc[k][col], group_sum[k]);
+    const float inv = all.max_lse == neg_inf() ? 0.f : 1.f / all.weight_sum;
+    const float4 a = all.acc;
+    *reinterpret_cast<uint2*>(o + out_row * DV + col * 4) =
+        make_uint2(pack_bf16x2(a.x * inv, a.y * inv), pack_bf16x2(a.z * inv, a.w * inv));
+    if (col == 0) lse[out_row] = all.max_lse == neg_inf() ? neg_inf() : all.max_lse + __logf(all.weight_sum);
 }
 
 }  // namespace kgen

@@ -254,6 +254,7 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
 def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(seed):
     from test_step import ptr, stub_module
 
+    from kgen.kernels import SPARSE_COMBINE
     from kgen.sparse import UNBOUNDED, sparse_workspace_layout
 
     mod = stub_module("glm5_dsa_bf16_sm120", sm_count=132)
@@ -266,12 +267,13 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
         step.verify(b.q, b.kv_cache, b.k_tree, out=out, lse=lse)
         assert [name for name, *_ in mod.launches] == [("sparse_verify_attn" if union else "sparse_gather_attn"),
                                                        "sparse_combine"]
-        (_, grid, _, attn), (_, combine_grid, _, combine) = mod.launches
+        (_, grid, _, attn, _), (_, combine_grid, _, combine, combine_threads) = mod.launches
         tokens, batch, heads = b.q.shape[0], 4, mod.spec.model.num_q_heads
         row_tiles = -(-tokens * heads // 32) + batch  # the rule: one wave plus a CTA per row tile a request starts
         cap = 4096
         assert grid == (132 + row_tiles if union else 132 + row_tiles * -(-min(32, 64) * 2048 // cap))
         assert combine_grid == tokens * heads
+        assert combine_threads == SPARSE_COMBINE.threads(512, tokens * heads, grid, 32, batch, 132)
         base = step.workspace.data_ptr()
         off_lse, off_meta, off_lists, size = sparse_workspace_layout(mod._sparse, grid, batch)
         assert step.workspace.numel() == size and off_lists - off_meta >= batch * 16
@@ -339,7 +341,7 @@ def test_a_sparse_step_reads_the_dsa_pools_rows(seed):
     for k_tree, quantized in ((b.k_tree, True), (quantize_rows(b.k_tree, 512), False)):
         mod.launches.clear()
         step.verify(b.q, b.kv_cache, k_tree)
-        (name, _, _, attn), _ = mod.launches
+        (name, _, _, attn, _), _ = mod.launches
         assert name == "sparse_verify_attn" and attn["kv_cache"] == ptr(b.kv_cache)
         assert attn["num_slots"] == b.kv_cache.shape[0] and attn["kv_scale"] == 1.0
         assert (attn["k_tree"] != ptr(k_tree)) == quantized

@@ -21,6 +21,7 @@ from kgen import fp8
 from kgen.arch import Target, get_arch
 from kgen.choice import PlanChoice
 from kgen.device import ZERO_LENS, DeviceState
+from kgen.kernels import COMBINE, PREFIX
 from kgen.loading import LoadedPlans
 from kgen.ops import Module
 from kgen.plan import plan
@@ -53,8 +54,9 @@ class RecordingKernel:
         self.variant, self.log = variant, log
         self.layout = ParamLayout(variant.params)
 
-    def launch(self, grid, params, stream):
-        self.log.append((self.variant.name, grid, params.address, decode(self.variant.params, params.address)))
+    def launch(self, grid, params, stream, threads=None):
+        self.log.append((self.variant.name, grid, params.address, decode(self.variant.params, params.address),
+                         threads or self.variant.threads))
 
 
 def stub_module(spec_name: str = "glm5_sm120", sm_count: int = 132) -> Module:
@@ -116,7 +118,7 @@ def expected_launches(mod, x, op: str, out, lse, workspace: int, *, step_has_pre
 
 
 def launched(mod):
-    return [(name, grid, args) for name, grid, _, args in mod.launches]
+    return [(name, grid, args) for name, grid, _, args, _ in mod.launches]
 
 
 # ---- parameter blocks --------------------------------------------------------------------------
@@ -160,8 +162,21 @@ def test_kernel_launch_passes_the_block_address_as_kernel_params():
                     launch=lambda *args: calls.append(args) or (0,))
     block = ParamLayout(kernel.variant.params).pack(part_o=1, part_lse=2, qo_indptr=3, req_meta=4, batch=5, o=6, lse=7)
     kernel.launch(40, block, "stream")
-    assert calls == [("func", 40, 1, 1, 128, 1, 1, 0, "stream", block.address, 0)]
+    kernel.launch(40, block, "stream", 256)  # fewer threads than the variant's: the combine's groups
+    assert calls == [("func", 40, 1, 1, 1024, 1, 1, 0, "stream", block.address, 0),
+                     ("func", 40, 1, 1, 256, 1, 1, 0, "stream", block.address, 0)]
     assert isinstance(calls[0][9], int)  # cuda-python reads an int kernelParams as a ready void**
+
+
+@pytest.mark.parametrize("rows, items, batch, threads", [
+    (128, 135, 1, 1024),   # B=1 T=16 H=8, 135 items of 64 rows: ~68 states a row -> 8 groups (the most)
+    (128, 3, 1, 128),      # no split: one state a row, one group
+    (4096, 228, 32, 128),  # B=32 T=16 H=8: ~4 states a row
+    (256, 168, 32, 256),   # decode B=32 H=8: an item holds 8 real rows of its 64 -> ~5 states a row
+    (512, 144, 4, 256),    # B=4 T=16 H=8: ~18 states a row, but 512 rows of 4 groups would not fit a wave
+])
+def test_the_combine_has_a_group_of_threads_per_4_states_a_row_can_have(rows, items, batch, threads):
+    assert COMBINE.threads(512, rows, items, 64, batch, sm_count=132) == threads
 
 
 # ---- what a call launches ------------------------------------------------------------------------
@@ -189,7 +204,9 @@ def test_a_step_packs_once_and_a_layer_call_rewrites_only_its_own_tensors():
     outputs = [y.outputs() for y in layers]
     for y, (out, lse) in zip(layers, outputs):
         step.verify(y.q, y.kv_cache, y.k_tree, out=out, lse=lse)
-    assert len({(name, address) for name, _, address, _ in mod.launches}) == 2, "two blocks, packed once"
+    assert len({(name, address) for name, _, address, _, _ in mod.launches}) == 2, "two blocks, packed once"
+    rows, items = step.num_tokens * mod.spec.model.num_q_heads, PREFIX.grid(step._capacity)
+    assert mod.launches[1][4] == COMBINE.threads(512, rows, items, step.plan.tiles.bm, step.batch, 132), "its groups"
     assert launched(mod) == [launch for y, (out, lse) in zip(layers, outputs) for launch in expected_launches(
         mod, x, "verify", out, lse, step.workspace.data_ptr(), step_has_prefix=True, layer=y)]
 
