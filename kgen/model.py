@@ -75,7 +75,7 @@ class Calibration:
     latency_us: float  # from a stage's refill to its bytes landing: STAGES tiles per (latency + compute)
     startup_us: float  # per work item before its first tile computes
     combine_us: float  # the combine kernel's launch and its own startup
-    state_us: float  # per partial state a combine CTA reads in its chain (4 loads in flight)
+    state_us: float  # per round of loads in a combine CTA's chain (4 states a group of its threads)
     quantize_us: float  # an fp8 verify call's quantization of bf16 tree keys (torch kernels; not for stored keys)
 
 
