@@ -21,6 +21,8 @@
 #   ncu              20: the verify kernel of B=1 L=131072 T=16 under ncu: fp8 wgmma beside bf16 (~60 s)
 #   peers            19: bench/gpu_peers.sh --short (~3 min)
 #   e4m3_probe       the e4m3 defect: single-key logits and their per-row pattern, both plans (~40 s)
+#   cta_trace        19: per-CTA timelines (start, work item found, attend done) of the verify kernel at B1 T16
+#                    L = 64, 4096, 131072 and of the seesaw loop at L = 64 (bench/cta_trace.py; ~1 min)
 #   sparse_diag      21: B=1 L=131072 T=16 per-kernel times, anatomy, and ncu (full set, per-SASS stall
 #                    samples as CSV) of the union kernel on real, all-shared and empty lists, and gather
 set -uo pipefail
@@ -71,6 +73,9 @@ compute_t64,compute_b8_t64,small,small_b32,memory,h16_compute,h16_b16_t33
     peers) step peers 300 bash bench/gpu_peers.sh --short ;;  # gpu_peers.log, peers_results.tar.gz
     e4m3_probe) step e4m3_single 60 python3 -m bench.e4m3_tree_probe --single --q-scales 1,1000
                 step e4m3_single_sm120 60 python3 -m bench.e4m3_tree_probe --single --q-scales 1,1000 --plan-arch sm_120 ;;
+    cta_trace) for shape in 1,16,64 1,16,4096 1,16,131072; do
+            step "cta_trace_$shape" 60 python3 -m bench.cta_trace --shape "$shape"; done
+        step cta_trace_seesaw 60 python3 -m bench.cta_trace --shape 1,16,64 --tiles seesaw:32,4,1 ;;
     sparse_diag) sp=(python3 -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072)
         step sparse_kernels 60 "${sp[@]}" --kernels
         step sparse_kernels_gather 60 "${sp[@]}" --kernels --gather

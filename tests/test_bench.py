@@ -177,3 +177,39 @@ def test_warm_plans_what_the_gpu_tests_load():
         p = plan(spec, arch, tiles)
         assert p.tiles.design == "seesaw" or (p.tiles.design == "wgmma" and spec.cache.kv_dtype == "float8_e4m3fn")
     assert {s.name for s, _, _ in warm.jobs("sparse")} >= {"glm5_dsa_sm120", "glm5_dsa_bf16_sm120"}
+
+
+def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_checkout_alone(tmp_path, monkeypatch):
+    """bench/cta_trace.py patches a copy of the attention header: its anchors must still be there,
+    and the traced verify kernel must compile (NVRTC, sm_90) with its 4 points' timer and clock reads."""
+    from bench import cta_trace
+    from kgen import render, sass
+    from kgen.build import build_variant
+    from kgen.cache import KernelCache
+    from kgen.plan import plan
+
+    plain = render.headers()[cta_trace.HEADER]
+    traced = cta_trace.traced_headers()()[cta_trace.HEADER]
+    assert traced.count("KGEN_TRACE(schedule, ") == 4 and "KGEN_TRACE" not in plain
+    assert render.headers()[cta_trace.HEADER] == plain  # the checkout's header is untouched
+    monkeypatch.setattr(render, "headers", cta_trace.traced_headers())
+    p = plan(kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_sm120.yaml"), "sm_90")
+    disasm = sass.dump(build_variant(p.variant("verify_attn"), "sm_90", KernelCache(tmp_path)).cubin)
+    assert disasm.count("GLOBALTIMER") == 4 and disasm.count("SR_CLOCK") >= 4
+
+
+def test_cta_trace_summary_reads_each_ctas_points():
+    from bench.cta_trace import summary
+
+    ns = 1000  # the global timer counts ns; clocks are cycles
+    rows = [[100 * ns, 103 * ns, 110 * ns, 0, 5000, 8000, 21000, 0],   # an item: schedule 3000 cycles
+            [101 * ns, 105 * ns, 112 * ns, 0, 7000, 11000, 25000, 0],  # an item: 4000 cycles, done at +12 us
+            [102 * ns, 0, 0, 104 * ns, 6000, 0, 0, 9500],             # no item: exits after 3500 cycles
+            [0] * 8]                                                   # a slot no CTA wrote
+    lines = summary(torch.tensor(rows, dtype=torch.int64).flatten(), 15.0)
+    assert lines[0] == "CTAs: 3 (2 with an item, 1 without); kernel 15.0 us"
+    assert lines[1] == "start, us after the first CTA's: median 1.00, max 2.00"
+    assert lines[2].startswith("schedule (start -> item), cycles: median 3500.00, max 4000.00")
+    assert lines[2].endswith("(start -> exit): median 3500.00, max 3500.00")
+    assert lines[3] == "attend (item -> attended), us: median 7.00, max 7.00"
+    assert lines[4] == "last CTA done, us after the first start: 12.00"
