@@ -21,7 +21,6 @@ from kgen import designs, render
 from kgen.inputs import make_verify_inputs
 
 HEADER = "kgen/attention_kernels.cuh"
-POINTS = ("start", "item", "attended", "no item")  # a CTA's trace points, in its 8 words: timer x4, clock x4
 # Each pair: an anchor of prefix_attention in the header, and what the trace puts in its place.
 PATCHES = (
     ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
@@ -36,7 +35,8 @@ PATCHES = (
      "    }\n    KGEN_TRACE(schedule, 2);\n}\n"),
 )
 MACRO = """
-// bench/cta_trace.py: thread 0 writes (global timer, clock) of trace point P of this CTA past req_meta.
+// bench/cta_trace.py: thread 0 writes (global timer, clock) of trace point P of this CTA past req_meta:
+// 0 start, 1 work item found, 2 attend() done, 3 no item (words P and 4 + P of the CTA's 8).
 #define KGEN_TRACE(a, P) do { if (threadIdx.x == 0) { \\
     unsigned long long* t_ = reinterpret_cast<unsigned long long*>((a).req_meta + (a).batch) + blockIdx.x * 8; \\
     unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\

@@ -79,13 +79,15 @@ __device__ __forceinline__ int request_of(const int* __restrict__ qo_indptr, int
     return count;
 }
 
-// A merge of attention states added one at a time against a running maximum of their lse.
-struct OnlineMerge {
-    float max_lse = neg_inf(), weight_sum = 0.f;
+// A StateMerge whose maximum runs with the states added, and their o: the accumulator rescales
+// when a larger lse comes.
+struct OnlineMerge : StateMerge {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 
-    // A state that saw nothing (lse = -inf) adds nothing, whatever its o holds.
-    __device__ __forceinline__ void add(float lse, float4 o, float weight = 1.f) {
+    __device__ __forceinline__ OnlineMerge() : StateMerge(neg_inf()) {}
+    // A state (lse, o) standing for `weight` states' sum (1: a single state). A state that saw
+    // nothing (lse = -inf) adds nothing, whatever its o holds.
+    __device__ __forceinline__ void fold(float lse, float4 o, float weight = 1.f) {
         if (lse == neg_inf()) return;
         if (lse > max_lse) {
             const float c = __expf(max_lse - lse);  // 0 while nothing was added
@@ -130,7 +132,7 @@ __device__ __forceinline__ void combine_partials(const float* __restrict__ part_
                               : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
-        for (int k = 0; k < STATE_BATCH; ++k) merge.add(l[k], v[k]);
+        for (int k = 0; k < STATE_BATCH; ++k) merge.fold(l[k], v[k]);
     }
     group_acc[g][col] = merge.acc;
     if (col == 0) {
@@ -140,12 +142,12 @@ __device__ __forceinline__ void combine_partials(const float* __restrict__ part_
     __syncthreads();
     if (g != 0) return;
     OnlineMerge all;  // the groups' merges, each a state of weight sum group_sum
-    for (int k = 0; k < groups; ++k) all.add(group_max[k], group_acc[k][col], group_sum[k]);
-    const float inv = all.max_lse == neg_inf() ? 0.f : 1.f / all.weight_sum;
+    for (int k = 0; k < groups; ++k) all.fold(group_max[k], group_acc[k][col], group_sum[k]);
+    const float inv = all.inv_weight();
     const float4 a = all.acc;
     *reinterpret_cast<uint2*>(o + out_row * DV + col * 4) =
         make_uint2(pack_bf16x2(a.x * inv, a.y * inv), pack_bf16x2(a.z * inv, a.w * inv));
-    if (col == 0) lse[out_row] = all.max_lse == neg_inf() ? neg_inf() : all.max_lse + __logf(all.weight_sum);
+    if (col == 0) lse[out_row] = all.lse();
 }
 
 }  // namespace kgen
