@@ -19,60 +19,102 @@ import torch
 import kgen
 from kgen import designs, render
 from kgen.inputs import make_verify_inputs
+from kgen.step import Step
 
 HEADER = "kgen/attention_kernels.cuh"
-# Each pair: an anchor of prefix_attention in the header, and what the trace puts in its place.
-PATCHES = (
-    ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
-     "    if (item.b < 0) return;\n    const ItemRows r = item_rows<C>(schedule, item);\n"
-     "    const int page0",
-     "    KGEN_TRACE(schedule, 0);\n"
-     "    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
-     "    if (item.b < 0) { KGEN_TRACE(schedule, 3); return; }\n    KGEN_TRACE(schedule, 1);\n"
-     "    const ItemRows r = item_rows<C>(schedule, item);\n    const int page0"),
-    ("        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
-     "        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
-     "    }\n    KGEN_TRACE(schedule, 2);\n}\n"),
-)
+# Per header, pairs of an anchor and what the trace puts in its place. The points: 0 start, 1 work
+# item found, 2 attend() done, 3 no item (exit), 4 Q in registers, 5 first key range done, 6 second
+# (the tree) done, 7 the schedule's chunk chosen. 4-6 only in the mma.sync loop (attention.cuh),
+# where thread 0 is a compute thread; the wgmma loops' thread 0 is a producer's.
+PATCHES = {
+    HEADER: (
+        ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
+         "    if (item.b < 0) return;\n    const ItemRows r = item_rows<C>(schedule, item);\n"
+         "    const int page0",
+         "    KGEN_TRACE_START(part_o);\n"
+         "    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
+         "    if (item.b < 0) { KGEN_TRACE(3); return; }\n    KGEN_TRACE(1);\n"
+         "    const ItemRows r = item_rows<C>(schedule, item);\n    const int page0"),
+        ("        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
+         "        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
+         "    }\n    KGEN_TRACE(2);\n}\n"),
+    ),
+    "kgen/schedule.cuh": (
+        ("    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);\n",
+         "    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);\n    KGEN_TRACE(7);\n"),
+    ),
+    "kgen/attention.cuh": (
+        ("    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n",
+         "    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n    KGEN_TRACE(4);\n"),
+        ("    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n",
+         "    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n"
+         "    KGEN_TRACE(5);\n"),
+        ("        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n",
+         "        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n"
+         "    KGEN_TRACE(6);\n"),
+    ),
+}
+POINTS = 8
+TRACE_CTAS = 4096  # the most CTAs a traced call may have
+TRACE_BYTES = TRACE_CTAS * 16 * 8
 MACRO = """
-// bench/cta_trace.py: thread 0 writes (global timer, clock) of trace point P of this CTA past req_meta:
-// 0 start, 1 work item found, 2 attend() done, 3 no item (words P and 4 + P of the CTA's 8).
-#define KGEN_TRACE(a, P) do { if (threadIdx.x == 0) { \\
-    unsigned long long* t_ = reinterpret_cast<unsigned long long*>((a).req_meta + (a).batch) + blockIdx.x * 8; \\
+// bench/cta_trace.py: thread 0 writes (global timer, clock) of trace point P of this CTA into the
+// TRACE_BYTES just before the step's workspace, i.e. before part_o (words P and 8 + P of the CTA's
+// 16); KGEN_TRACE_START publishes where, for the points in callees.
+__device__ unsigned long long* kgen_trace_base;
+#define KGEN_TRACE_START(part_o) do { if (threadIdx.x == 0) \\
+    kgen_trace_base = reinterpret_cast<unsigned long long*>(part_o) - TRACE_CTAS * 16; KGEN_TRACE(0); } while (0)
+#define KGEN_TRACE(P) do { if (threadIdx.x == 0 && kgen_trace_base) { /* none: split_schedule */ \\
+    unsigned long long* t_ = kgen_trace_base + blockIdx.x * 16; \\
     unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\
-    t_[P] = g_; t_[4 + (P)] = clock64(); } } while (0)
+    t_[P] = g_; t_[8 + (P)] = clock64(); } } while (0)
+constexpr int TRACE_CTAS = """ + str(TRACE_CTAS) + """;
 """
 
 
 def traced_headers(original=render.headers):
-    """render.headers with the trace points in prefix_attention (an anchor that moved is an error)."""
+    """render.headers with the trace points (an anchor that moved is an error); the macros go into
+    common.cuh, which every header includes first."""
     def headers() -> dict[str, str]:
         hdrs = dict(original())
-        text = hdrs[HEADER]
-        for anchor, replacement in PATCHES:
-            if text.count(anchor) != 1:
-                raise RuntimeError(f"bench/cta_trace.py: its anchor in {HEADER} moved:\n{anchor}")
-            text = text.replace(anchor, replacement)
-        hdrs[HEADER] = text.replace("namespace kgen {", MACRO + "namespace kgen {", 1)
+        for name, patches in PATCHES.items():
+            text = hdrs[name]
+            for anchor, replacement in patches:
+                if text.count(anchor) != 1:
+                    raise RuntimeError(f"bench/cta_trace.py: its anchor in {name} moved:\n{anchor}")
+                text = text.replace(anchor, replacement)
+            hdrs[name] = text
+        common = "kgen/common.cuh"
+        hdrs[common] = hdrs[common].replace("namespace kgen {", MACRO + "namespace kgen {", 1)
         return hdrs
     return headers
 
 
+PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item", 7, 1), ("Q to registers", 1, 4),
+          ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2))
+
+
 def summary(trace: torch.Tensor, kernel_us: float) -> list[str]:
     """What the points say: the CTAs' start spread, and per phase the median and the longest."""
-    rows = [r for r in trace.view(-1, 8).cpu().tolist() if r[0]]
+    rows = [r for r in trace.view(-1, 2 * POINTS).cpu().tolist() if r[0]]
     with_item, without = [r for r in rows if r[2]], [r for r in rows if r[3]]
     t0 = min(r[0] for r in rows)
 
     def spread(values) -> str:
         return f"median {statistics.median(values):.2f}, max {max(values):.2f}" if values else "-"
 
-    return [f"CTAs: {len(rows)} ({len(with_item)} with an item, {len(without)} without); kernel {kernel_us:.1f} us",
-            f"start, us after the first CTA's: {spread([(r[0] - t0) / 1e3 for r in rows])}",
-            f"schedule (start -> item), cycles: {spread([r[5] - r[4] for r in with_item])}; CTAs without an "
-            f"item (start -> exit): {spread([r[7] - r[4] for r in without])}",
-            f"attend (item -> attended), us: {spread([(r[2] - r[1]) / 1e3 for r in with_item])}",
-            f"last CTA done, us after the first start: {max((max(r[2], r[3]) - t0) / 1e3 for r in rows):.2f}"]
+    lines = [f"CTAs: {len(rows)} ({len(with_item)} with an item, {len(without)} without); kernel {kernel_us:.1f} us",
+             f"start, us after the first CTA's: {spread([(r[0] - t0) / 1e3 for r in rows])}; of CTAs with an "
+             f"item: {spread([(r[0] - t0) / 1e3 for r in with_item])}",
+             f"schedule (start -> item), cycles: {spread([r[9] - r[8] for r in with_item])}; CTAs without an "
+             f"item (start -> exit): {spread([r[11] - r[8] for r in without])}",
+             f"attend (item -> attended), us: {spread([(r[2] - r[1]) / 1e3 for r in with_item])}"]
+    for name, a, b in PHASES:  # the points a loop design does not have are 0
+        values = [(r[b] - r[a]) / 1e3 for r in with_item if r[a] and r[b]]
+        if values:
+            lines.append(f"  {name}, us: {spread(values)}")
+    lines.append(f"last CTA done, us after the first start: {max((max(r[2], r[3]) - t0) / 1e3 for r in rows):.2f}")
+    return lines
 
 
 def main() -> None:
@@ -80,6 +122,7 @@ def main() -> None:
     ap.add_argument("--spec", default="specs/glm5_sm120.yaml")
     ap.add_argument("--shape", default="1,16,64", help="B,T,L (T = 1: a prefix call, else verify)")
     ap.add_argument("--tiles", default=None, help="a tiling instead of the plan's (e.g. seesaw:32,4,1)")
+    ap.add_argument("--no-table", action="store_true", help="a step without schedule tables (as one-shot ops run)")
     args = ap.parse_args()
     render.headers = traced_headers()
     spec = kgen.load_spec(args.spec)
@@ -88,21 +131,20 @@ def main() -> None:
     x = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
     tree = None if t == 1 else x.op_mask
     size = mod.workspace_bytes(x.q.shape[0], b)
-    workspace = torch.zeros(size + 64 * 4096, dtype=torch.uint8, device="cuda")  # room for 4096 CTAs' points
-    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, tree, num_tokens=x.q.shape[0],
-                       workspace=workspace)
+    traced = torch.zeros(TRACE_BYTES + size, dtype=torch.uint8, device="cuda")
+    trace = traced[:TRACE_BYTES].view(torch.int64)  # just before the workspace, where KGEN_TRACE writes
+    step = Step(mod._ctx, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, tree, x.q.shape[0],
+                traced[TRACE_BYTES:], schedule_table=not args.no_table)
     call = (lambda: step.prefix(x.q, x.kv_cache, **x.kv_kwargs)) if t == 1 else \
         (lambda: step.verify(x.q, x.kv_cache, x.stored_k_tree, **x.kv_kwargs))
-    call()  # the first call loads the cubins
-    at = step.req_meta + 16 * b - workspace.data_ptr()  # where KGEN_TRACE writes: just past req_meta[batch]
-    trace = workspace[at:at + 64 * 4096].view(torch.int64)
+    call()  # the first call loads the cubins and writes the step's schedule table
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     trace.zero_()
     begin.record()
     call()
     end.record()
     torch.cuda.synchronize()
-    print(f"{args.spec} {args.shape} {args.tiles or 'plan'}")
+    print(f"{args.spec} {args.shape} {args.tiles or 'plan'}{' without a schedule table' if args.no_table else ''}")
     print("\n".join(summary(trace, begin.elapsed_time(end) * 1e3)))
 
 

@@ -246,9 +246,10 @@ def floors(kv_bytes: int, flops: int, ceilings) -> tuple[float, float, float]:
 
 def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: int | None, device,
                   base_name: str, peers=(), flashinfer: str = "flashinfer_fa2", workspace=None,
-                  halves: bool = True) -> dict:
+                  halves: bool = True, one_shot: bool = False) -> dict:
     """One row: kgen's three ops (verify alone without `halves`), Triton and `peers` on K rotated
-    input sets of `shape`; "x FlashInfer" compares with peer `flashinfer`."""
+    input sets of `shape`; "x FlashInfer" compares with peer `flashinfer`. one_shot: kgen's one-shot
+    ops rather than prepared steps' calls (no schedule tables: the kernels find their own items)."""
     from kgen.inputs import make_verify_inputs
 
     from .baseline import TritonVerify
@@ -282,17 +283,22 @@ def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: 
     outs = [x.outputs() for x in inputs]
 
     def calls(op):
+        """A layer's call of each input set's prepared step, as a server runs them (the step, and its
+        schedule tables, made once per batch; a call per layer); tree keys as the cache stores them,
+        as a server passes an fp8 op (VerifyInputs.stored_k_tree)."""
+        steps = [mod._one_call(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask,
+                               num_tokens=x.q.shape[0]) if one_shot else
+                 mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask, num_tokens=x.q.shape[0])
+                 for x in inputs]
         if op == "verify":
-            # tree keys as the cache stores them, as a server passes an fp8 op (VerifyInputs.stored_k_tree)
-            return [lambda a=x.verify_args(stored_tree=True), x=x, o=o: mod.verify_attention(*a, **x.kv_kwargs,
-                                                                                             out=o[0], lse=o[1])
-                    for x, o in zip(inputs, outs)]
+            return [lambda s=s, x=x, k=x.stored_k_tree, o=o: s.verify(x.q, x.kv_cache, k, **x.kv_kwargs, out=o[0],
+                                                                      lse=o[1])
+                    for s, x, o in zip(steps, inputs, outs)]
         if op == "prefix":
-            return [lambda x=x, o=o: mod.prefix_attention(*x.prefix_args(), **x.kv_kwargs, out=o[0], lse=o[1])
-                    for x, o in zip(inputs, outs)]
-        return [lambda a=x.tree_args(stored_tree=True), x=x, o=o: mod.tree_attention(*a, **x.kv_kwargs, out=o[0],
-                                                                                     lse=o[1])
-                for x, o in zip(inputs, outs)]
+            return [lambda s=s, x=x, o=o: s.prefix(x.q, x.kv_cache, **x.kv_kwargs, out=o[0], lse=o[1])
+                    for s, x, o in zip(steps, inputs, outs)]
+        return [lambda s=s, x=x, k=x.stored_k_tree, o=o: s.tree(x.q, k, **x.kv_kwargs, out=o[0], lse=o[1])
+                for s, x, o in zip(steps, inputs, outs)]
 
     def timed(fns, what: str) -> float:
         """Graph-replay time; if capturing fails (and the context survives), the eager time."""
@@ -397,7 +403,7 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
         contexts=CONTEXTS, batches=BATCHES, decode: bool = True, graph: bool = True, triton: bool = True,
         sets: int | None = None, time_limit: float | None = None, out_dir: Path = RESULTS,
         plan_arch: str | None = None, peers: str = "auto", shapes=None, halves: bool = True,
-        tiles: str | None = None) -> int:
+        tiles: str | None = None, one_shot: bool = False) -> int:
     """Run the benchmark; returns the process exit code (1 if the cross-check fails). plan_arch:
     run that arch's plan (e.g. sm_120 on an H200) instead of the GPU's own; tiles: that plan with
     this tiling (kgen/designs/ text, e.g. seesaw:32,4,1) for every shape. peers: see
@@ -543,7 +549,7 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
         try:
             row = measure_shape(shape, spec, module(spec), fwd, ceilings, graph=graph, sets=sets, device=device,
                                 base_name=base.name, peers=tuple(active), flashinfer=result["flashinfer_peer"],
-                                workspace=workspace, halves=halves)
+                                workspace=workspace, halves=halves, one_shot=one_shot)
         except Exception as e:  # a sticky CUDA error: stop, keep what was measured
             result["truncated"] = f"{shape.label()}: {_first_line(e)}"
             console.print(f"[red]stopping[/red] at {shape.label()}: {_first_line(e)}", highlight=False)
@@ -616,6 +622,8 @@ def parser() -> argparse.ArgumentParser:
                    f"({', '.join(PRESETS)}) or comma-separated BxLxTxH, e.g. 1x131072x16x8,32x4096x16x8")
     p.add_argument("--no-halves", dest="halves", action="store_false", help="time verify_attention alone, not its "
                    "halves prefix_attention and tree_attention too")
+    p.add_argument("--one-shot", action="store_true", help="time kgen's one-shot ops, not prepared steps' calls "
+                   "(whose schedule tables spare each call finding its work items)")
     return p
 
 
@@ -625,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(a.spec, quick=a.quick, page_size=a.page_size, heads=a.heads, trees=a.trees, contexts=a.contexts,
                    batches=a.batches, decode=a.decode, graph=a.graph, triton=a.triton, sets=a.sets,
                    time_limit=a.time_limit, out_dir=a.out, plan_arch=a.plan_arch, peers=a.peers, shapes=a.shapes,
-                   halves=a.halves, tiles=a.tiles)
+                   halves=a.halves, tiles=a.tiles, one_shot=a.one_shot)
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

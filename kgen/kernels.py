@@ -27,10 +27,12 @@ class KernelEntry:
 
 # ---- attention: one entry per half of a verify call, and verify itself --------------------------
 
-# Every attention CTA finds its own split-KV work item (templates/schedule.cuh).
-SCHEDULE_PARAMS = ("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens", "int batch",
-                   "int target_ctas", "int min_split_tiles", "int min_splits", "int max_nodes", "int total_tokens",
-                   "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta")
+# The split-KV schedule's inputs (templates/schedule.cuh): an attention CTA takes its work item from
+# a prepared step's schedule table (split_table; 0: none) or finds it for itself.
+SPLIT_PARAMS = ("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens", "int batch",
+                "int target_ctas", "int min_split_tiles", "int min_splits", "int max_nodes", "int total_tokens")
+SCHEDULE_PARAMS = (*SPLIT_PARAMS, "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta",
+                   "const int* __restrict__ split_table")
 
 
 @dataclass(frozen=True)
@@ -50,19 +52,22 @@ class AttentionEntry(KernelEntry):
         from a prepared step (kgen/step.py). A call with the tree gives every request at least one
         split: verify's tree rides on each row tile's last split, tree-only has one item per row
         tile (every kv_len 0); a tree-only call reads zero prefix lengths."""
-        args = dict(q=None, kv_scale=1.0, qo_indptr=step.qo_indptr, batch=step.batch, target_ctas=step.target_ctas,
-                    min_split_tiles=MIN_SPLIT_TILES, min_splits=int(self.tree),
-                    max_nodes=step.max_nodes if self.tree else step.num_tokens, total_tokens=step.num_tokens,
-                    validate=int(step.validate), error_flag=step.error_flag, req_meta=step.req_meta,
+        args = dict(q=None, kv_scale=1.0, **self.split_args(step), validate=int(step.validate),
+                    error_flag=step.error_flag, req_meta=step.req_meta, split_table=step.split_table(self),
                     part_o=step.part_o, part_lse=step.part_lse)
         if self.prefix:
-            args.update(kv_lens=step.kv_lens, kv_cache=None, kv_indptr=step.kv_indptr, kv_indices=step.kv_indices,
-                        num_slots=0)
-        else:
-            args.update(kv_lens=step.zero_lens)
+            args.update(kv_cache=None, kv_indptr=step.kv_indptr, kv_indices=step.kv_indices, num_slots=0)
         if self.tree:
             args.update(k_tree=None, tree_mask=step.tree_mask)
         return args
+
+    def split_args(self, step) -> dict[str, object]:
+        """The schedule's inputs (SPLIT_PARAMS) for this kernel in a prepared step: a tree-only call
+        reads zero prefix lengths."""
+        return dict(qo_indptr=step.qo_indptr, kv_lens=step.kv_lens if self.prefix else step.zero_lens,
+                    batch=step.batch, target_ctas=step.target_ctas, min_split_tiles=MIN_SPLIT_TILES,
+                    min_splits=int(self.tree), max_nodes=step.max_nodes if self.tree else step.num_tokens,
+                    total_tokens=step.num_tokens)
 
     def variants(self, c: PlanContext) -> list[Variant]:
         kv = kvrows.ctype(c.spec)
@@ -78,6 +83,31 @@ class AttentionEntry(KernelEntry):
         constants = {"PAGE_SIZE": c.spec.cache.page_size, "FUSE_TREE": self.tree,
                      **(c.tree_constants if self.tree else {})}
         return [c.attention(self.name, "prefix_attn.cu.j2", constants, decls)]
+
+
+# ---- the schedule table of a prepared step: one launch per step and attention kernel -----------
+
+SCHEDULE_THREADS = 128  # split_schedule's CTA: requests are scanned blockDim.x at a time
+
+
+@dataclass(frozen=True)
+class ScheduleEntry(KernelEntry):
+    @staticmethod
+    def step_args(step, attention: AttentionEntry) -> dict[str, object]:
+        """split_schedule's argument block for one attention kernel of a prepared step."""
+        return dict(**attention.split_args(step), error_flag=step.error_flag, table=step.split_table(attention))
+
+
+def _split_schedule(c: PlanContext) -> list[Variant]:
+    return [Variant(kernel="split_schedule", name="split_schedule", template="split_schedule.cu.j2",
+                    threads=SCHEDULE_THREADS, smem_bytes=0, min_blocks=1,
+                    constants={"HEADS": c.spec.model.num_q_heads, "BM": c.tiles.bm, "BN": c.tiles.bn},
+                    params=params(*SPLIT_PARAMS, "int* __restrict__ error_flag", "int* __restrict__ table"),
+                    tag=c.tag)]
+
+
+SCHEDULE = ScheduleEntry("split_schedule", "Module.prepare (a prepared step's first call of each kernel, "
+                         "Step.reschedule)", _split_schedule)
 
 
 PREFIX = AttentionEntry("prefix_attn", "prefix_attention", prefix=True)
@@ -197,4 +227,4 @@ MERGE = GridStrideEntry("lse_merge", "merge_states", _lse_merge, ctas_per_sm=MER
 DEFRAG = GridStrideEntry("kv_defrag", "defrag", _kv_defrag, ctas_per_sm=DEFRAG_CTAS_PER_SM)
 
 # The registry, in the order of a plan's variants (and generated/ manifests).
-ENTRIES: tuple[KernelEntry, ...] = (MERGE, DEFRAG, PREFIX, VERIFY, TREE, COMBINE, SPARSE, SPARSE_COMBINE)
+ENTRIES: tuple[KernelEntry, ...] = (MERGE, DEFRAG, SCHEDULE, PREFIX, VERIFY, TREE, COMBINE, SPARSE, SPARSE_COMBINE)

@@ -72,9 +72,16 @@ class Module:
         or no tree. num_tokens (the rows of q) defaults to tree_mask's rows, or B x nodes of a
         static tree. workspace: a uint8 tensor of at least workspace_bytes(num_tokens, B) bytes
         to use instead of allocating (e.g. one shared by the steps of several captured graphs).
-        What the caller may refill between calls and graph replays: see kgen/step.py.
+        What the caller may refill between calls and graph replays, and Step.reschedule() after
+        refilling the lengths: see kgen/step.py.
         """
         return Step(self._ctx, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace)
+
+    def _one_call(self, qo_indptr, kv_indptr=None, kv_indices=None, kv_lens=None, tree_mask=None, *,
+                  num_tokens: int) -> Step:
+        """A step for one call: no schedule table (its launch would not pay for itself)."""
+        return Step(self._ctx, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, None,
+                    schedule_table=False)
 
     def workspace_bytes(self, num_tokens: int, batch: int) -> int:
         """Scratch bytes of a step with `num_tokens` tree tokens in `batch` requests (whichever
@@ -86,18 +93,18 @@ class Module:
     def prefix_attention(self, q, kv_cache, qo_indptr, kv_indptr, kv_indices, kv_lens, *, kv_scale=1.0,
                          out=None, lse=None):
         """Attention of the tree tokens against their paged prefixes only."""
-        step = self.prepare(qo_indptr, kv_indptr, kv_indices, kv_lens, num_tokens=self._rows(q))
+        step = self._one_call(qo_indptr, kv_indptr, kv_indices, kv_lens, num_tokens=self._rows(q))
         return step.prefix(q, kv_cache, kv_scale=kv_scale, out=out, lse=lse)
 
     def tree_attention(self, q, k_tree, qo_indptr, tree_mask, *, kv_scale=1.0, out=None, lse=None):
         """Attention of the tree tokens against each other under the tree mask only."""
-        step = self.prepare(qo_indptr, tree_mask=tree_mask, num_tokens=self._rows(q))
+        step = self._one_call(qo_indptr, tree_mask=tree_mask, num_tokens=self._rows(q))
         return step.tree(q, k_tree, kv_scale=kv_scale, out=out, lse=lse)
 
     def verify_attention(self, q, kv_cache, k_tree, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, *,
                          kv_scale=1.0, out=None, lse=None):
         """Prefix + tree attention of every tree token: merge(prefix_attention, tree_attention)."""
-        step = self.prepare(qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens=self._rows(q))
+        step = self._one_call(qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens=self._rows(q))
         return step.verify(q, kv_cache, k_tree, kv_scale=kv_scale, out=out, lse=lse)
 
     # Sparse (DSA) verify, DESIGN §12 (kgen/sparse.py): specs with model.index_topk.

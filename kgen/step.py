@@ -15,7 +15,14 @@ any batch that fits:
   lies inside the layer's kv_cache;
 - any tree masks.
 Fixed for a step's life: the metadata tensors themselves (storage and shapes), B, num_tokens
-and KGEN_VALIDATE (read at prepare). A captured graph also keeps each call's q, kv_cache,
+and KGEN_VALIDATE (read at prepare).
+
+The split-KV schedule (which CTA attends which rows over which keys) is written once into a
+schedule table per kernel, by a launch of its own on the kernel's first call (Step.reschedule()
+writes it again). An attention CTA reads its work item from the table when the table was made
+from the call's lengths and finds it for itself (~3 us more per call) when they were refilled
+since: a caller that refills them calls reschedule() once after, before the layers (a CUDA-graph
+replay: before the replay, or inside the graph before the first layer). A captured graph also keeps each call's q, kv_cache,
 k_tree, out, lse and kv_scale. Steps that share a workspace must run in turn on one stream, and
 one step serves one thread at a time (a call rewrites its parameter blocks).
 """
@@ -29,7 +36,7 @@ import torch
 from . import checks, env
 from .choice import PlanChoice
 from .device import DeviceState
-from .kernels import COMBINE, PREFIX, TREE, VERIFY, AttentionEntry
+from .kernels import COMBINE, PREFIX, SCHEDULE, TREE, VERIFY, AttentionEntry
 from .kvargs import KVArgs
 from .loading import LoadedPlans
 from .plan import Plan
@@ -43,13 +50,34 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // _ALIGN) * _ALIGN
 
 
-def workspace_layout(plan: Plan, grid: int, batch: int) -> tuple[int, int, int]:
-    """Byte offsets of part_lse and req_meta in a workspace (part_o starts it), and its size,
-    for `grid` attention CTAs of `plan` (one partial state of BM rows each) and `batch` requests."""
+_TABLES = (VERIFY, PREFIX, TREE)  # a schedule table each (their schedules differ)
+_STAMP_WORDS = 12  # templates/schedule.cuh: a table's stamp
+
+
+def table_bytes(grid: int, batch: int) -> int:
+    """A schedule table (templates/schedule.cuh ScheduleTable): stamp and lengths, then from a
+    16-byte boundary an int4 item per CTA and an int4 req_meta per request."""
+    return -(-(_STAMP_WORDS + 2 * batch + 1) // 4) * 16 + 16 * grid + 16 * batch
+
+
+@dataclass(frozen=True)
+class WorkspaceLayout:
+    """Byte offsets of a step's scratch arrays in its workspace (part_o starts it), and its size."""
+
+    part_lse: int
+    req_meta: int
+    tables: int  # the first schedule table; each is table_bytes long, aligned
+    size: int
+
+
+def workspace_layout(plan: Plan, grid: int, batch: int) -> WorkspaceLayout:
+    """The workspace of `grid` attention CTAs of `plan` (one partial state of BM rows each) and
+    `batch` requests."""
     rows = grid * plan.tiles.bm
     part_lse = _aligned(rows * plan.spec.model.value_dim * 4)
     req_meta = part_lse + _aligned(rows * 4)
-    return part_lse, req_meta, req_meta + _aligned(batch * 16)
+    tables = req_meta + _aligned(batch * 16)
+    return WorkspaceLayout(part_lse, req_meta, tables, tables + len(_TABLES) * _aligned(table_bytes(grid, batch)))
 
 
 @dataclass(frozen=True)
@@ -66,7 +94,7 @@ class StepContext:
 
     def workspace_bytes(self, num_tokens: int, batch: int) -> int:
         """Scratch bytes of a step (whichever of the tilings its bucket runs)."""
-        return max(workspace_layout(p, p.capacity(num_tokens, batch, self.target_ctas(p)).prefix, batch)[2]
+        return max(workspace_layout(p, p.capacity(num_tokens, batch, self.target_ctas(p)).prefix, batch).size
                    for p in self.loaded.plans.values())
 
 
@@ -74,7 +102,7 @@ class Step:
     """One batch, prepared by Module.prepare; run a layer with verify(), prefix() or tree()."""
 
     def __init__(self, ctx: StepContext, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens,
-                 workspace):
+                 workspace, schedule_table: bool = True):
         spec, dev = ctx.spec, ctx.device.device
         self._ctx, self._device = ctx, dev
         self.qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
@@ -102,6 +130,10 @@ class Step:
         self._empty = self.num_tokens == 0 or batch == 0
         items = TREE.grid(self._capacity) if self._no_prefix else PREFIX.grid(self._capacity)
         self.workspace = self._check_workspace(workspace, items)
+        # One-shot ops (one call) and KGEN_VALIDATE calls (whose CTAs check the lengths) have none.
+        self._schedule_table = schedule_table and not self.validate
+        self._schedules: dict[AttentionEntry, object] = {}  # entry -> split_schedule's parameter block
+        self._unscheduled: set[AttentionEntry] = set()  # packed, its table not yet written
 
         m = spec.model
         self._q_shape = (self.num_tokens, m.num_q_heads, m.head_dim)
@@ -140,17 +172,34 @@ class Step:
 
     def _check_workspace(self, workspace, grid: int) -> torch.Tensor:
         """The caller's workspace, checked, or a new one; sets the scratch arrays' addresses."""
-        part_lse, req_meta, size = workspace_layout(self.plan, grid, self.batch)
+        layout = workspace_layout(self.plan, grid, self.batch)
         if workspace is None:
-            workspace = torch.empty(0 if self._empty else size, dtype=torch.uint8, device=self._device)
+            workspace = torch.empty(0 if self._empty else layout.size, dtype=torch.uint8, device=self._device)
         else:
             workspace = checks.tensor("workspace", workspace, dtype=torch.uint8, device=self._device, ndim=1)
-            if workspace.numel() < size:
-                raise ValueError(f"workspace: this step needs {size} bytes (Module.workspace_bytes), "
+            if workspace.numel() < layout.size:
+                raise ValueError(f"workspace: this step needs {layout.size} bytes (Module.workspace_bytes), "
                                  f"got {workspace.numel()}")
         base = workspace.data_ptr()
-        self.part_o, self.part_lse, self.req_meta = base, base + part_lse, base + req_meta
+        self.part_o, self.part_lse, self.req_meta = base, base + layout.part_lse, base + layout.req_meta
+        table = _aligned(table_bytes(grid, self.batch))
+        self._tables = {e: base + layout.tables + i * table for i, e in enumerate(_TABLES)}
         return workspace
+
+    def split_table(self, entry: AttentionEntry) -> int:
+        """The address of `entry`'s schedule table, or 0 where the step keeps none."""
+        return self._tables[entry] if self._schedule_table else 0
+
+    def reschedule(self) -> None:
+        """Write the schedule tables of the kernels this step has run again, from the lengths the
+        metadata tensors hold now (one launch each, on the current stream): after refilling them
+        in place, so that the next calls read their work items rather than find them."""
+        if self._empty:
+            return
+        self._unscheduled.clear()
+        schedule, stream = self._kernels[SCHEDULE.name], self._ctx.device.stream()
+        for entry, block in self._schedules.items():
+            schedule.launch(entry.grid(self._capacity), block, stream)
 
     # ---- per layer ------------------------------------------------------------------------
 
@@ -188,6 +237,9 @@ class Step:
         if self.validate:
             self.error_flag.zero_()
         stream = self._ctx.device.stream()
+        if entry in self._unscheduled:  # the kernel's first call: its table first
+            self._kernels[SCHEDULE.name].launch(grid, self._schedules[entry], stream)
+            self._unscheduled.discard(entry)
         kernel.launch(grid, block, stream)
         combine.launch(combine_grid, combine_block, stream, combine_threads)
         if self.validate:
@@ -204,6 +256,9 @@ class Step:
             self.zero_lens = self._ctx.device.zero_lens(self.batch)  # held: the block points at it
         kernel = self._kernels[entry.name]
         launch = self._launches[entry] = (kernel, entry.grid(self._capacity), kernel.layout.pack(**entry.step_args(self)))
+        if self._schedule_table:
+            self._schedules[entry] = self._kernels[SCHEDULE.name].layout.pack(**SCHEDULE.step_args(self, entry))
+            self._unscheduled.add(entry)
         return launch
 
     def _raise_device_errors(self, has_prefix: bool) -> None:

@@ -1,5 +1,10 @@
-// Split-KV schedule, found by every attention CTA for itself: no schedule kernel and no host
-// sync (CUDA graphs), so a call is two launches (attention, combine).
+// Split-KV schedule: no host sync (CUDA graphs), so a call is two launches (attention, combine).
+// Every attention CTA can find its work item for itself (write_work_item, ~3 us of serial loads,
+// divisions and barriers at its start). A prepared step also writes each CTA's item into a
+// schedule table once (split_schedule, a launch of its own when the step first runs a kernel and
+// on Step.reschedule()); an attention CTA takes its item from the table when the table's stamp
+// (the schedule's parameters and a copy of the lengths it was made from) matches the call's, and
+// finds it for itself otherwise, so a stale table costs time, never correctness.
 //
 // Request b has mt_b = ceil(T_b*H/BM) row tiles and nt_b = ceil(L_b/BN) KV tiles; all requests'
 // work is W = sum mt_b*nt_b tiles. A chunk c gives request b s_b = max(min_splits, ceil(nt_b/c))
@@ -81,6 +86,7 @@ struct ScheduleArgs {
     int batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens, validate;
     int* error_flag;
     int4* req_meta;
+    const int* table;  // a schedule table (ScheduleTable), or nullptr: every CTA finds its item
 };
 
 constexpr int SPLIT_WAVES = 4, CHUNK_CANDIDATES = 2 * SPLIT_WAVES + 1;  // kgen/splitkv.py's SPLIT_WAVES
@@ -227,12 +233,91 @@ __device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScrat
     }
 }
 
+// A schedule table, in int32 words (kgen/step.py's table_bytes has its size): a stamp of
+// STAMP_WORDS (STAMP_MARK, then the schedule's parameters), the lengths it was made from
+// (qo_indptr[0..batch], kv_lens[0..batch)), then from a 16-byte boundary each CTA's item and
+// each request's req_meta.
+constexpr int STAMP_WORDS = 12, STAMP_MARK = 0x6b67656e;  // "kgen"
+
+struct ScheduleTable {
+    static __device__ __forceinline__ int items_word(int batch) { return (STAMP_WORDS + 2 * batch + 1 + 3) / 4 * 4; }
+    int* words;
+    int batch;
+    __device__ __forceinline__ int* lengths() const { return words + STAMP_WORDS; }
+    __device__ __forceinline__ int4* items() const { return reinterpret_cast<int4*>(words + items_word(batch)); }
+    __device__ __forceinline__ int4* req_meta(int grid) const { return items() + grid; }
+};
+
+// The stamp of a schedule: everything find_work_item's choice depends on but the lengths.
+template <int HEADS, int BM, int BN>
+__device__ __forceinline__ void stamp_of(const ScheduleArgs& a, int (&w)[STAMP_WORDS]) {
+    const int words[STAMP_WORDS] = {STAMP_MARK, a.batch, a.target_ctas, a.min_split_tiles, a.min_splits,
+                                    a.max_nodes, a.total_tokens, HEADS, BM, BN, (int)gridDim.x, SPLIT_WAVES};
+#pragma unroll
+    for (int i = 0; i < STAMP_WORDS; ++i) w[i] = words[i];
+}
+
+// split_schedule's CTA blockIdx.x: its item into the table; CTA 0 also writes the stamp, the
+// lengths and req_meta. `a` has validate 0.
+template <int HEADS, int BM, int BN>
+__device__ __forceinline__ void write_schedule_table(ScheduleArgs a, int* words, ScheduleScratch* sc) {
+    const ScheduleTable t{words, a.batch};
+    a.req_meta = t.req_meta(gridDim.x);  // CTA 0 writes the table's own copy
+    write_work_item<HEADS, BM, BN>(a, sc);
+    if (threadIdx.x == 0) t.items()[blockIdx.x] = make_int4(sc->found[0], sc->found[1], sc->found[2], sc->found[3]);
+    if (blockIdx.x != 0) return;
+    if (threadIdx.x == 0) {
+        int stamp[STAMP_WORDS];
+        stamp_of<HEADS, BM, BN>(a, stamp);
+#pragma unroll
+        for (int i = 0; i < STAMP_WORDS; ++i) words[i] = stamp[i];
+    }
+    for (int i = threadIdx.x; i <= a.batch; i += blockDim.x) t.lengths()[i] = a.qo_indptr[i];
+    for (int i = threadIdx.x; i < a.batch; i += blockDim.x) t.lengths()[a.batch + 1 + i] = a.kv_lens[i];
+}
+
+// This CTA's item from the table into sc->found, if the table was made for this call's schedule
+// and lengths; CTA 0 then copies the table's req_meta for the combine.
+template <int HEADS, int BM, int BN>
+__device__ __forceinline__ bool read_schedule_table(const ScheduleArgs& a, ScheduleScratch* sc) {
+    const ScheduleTable t{const_cast<int*>(a.table), a.batch};
+    const int4 item = t.items()[blockIdx.x];
+    bool stale = false;
+    if (threadIdx.x == 0) {
+        int stamp[STAMP_WORDS];
+        stamp_of<HEADS, BM, BN>(a, stamp);
+#pragma unroll
+        for (int i = 0; i < STAMP_WORDS; ++i) stale |= a.table[i] != stamp[i];
+    }
+    for (int i = threadIdx.x; i <= a.batch; i += blockDim.x) stale |= t.lengths()[i] != a.qo_indptr[i];
+    for (int i = threadIdx.x; i < a.batch; i += blockDim.x) stale |= t.lengths()[a.batch + 1 + i] != a.kv_lens[i];
+    if (__syncthreads_or(stale)) return false;
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < a.batch; i += blockDim.x) a.req_meta[i] = t.req_meta(gridDim.x)[i];
+    if (threadIdx.x == 0) {
+        sc->found[0] = item.x;
+        sc->found[1] = item.y;
+        sc->found[2] = item.z;
+        sc->found[3] = item.w;
+    }
+    __syncthreads();
+    return true;
+}
+
 // This CTA's work item. Every thread of the CTA calls it; `scratch` is SCHEDULE_SCRATCH_BYTES of
-// shared memory (8-byte aligned) that the caller does not use until the call returns.
+// shared memory (8-byte aligned) that the caller does not use until the call returns. A KGEN_VALIDATE
+// call finds its item for itself, so that its lengths are checked.
+// Out of line for the reason write_work_item is: one call from the attention kernel.
+template <int HEADS, int BM, int BN>
+__device__ __noinline__ void find_work_item_into(const ScheduleArgs a, ScheduleScratch* sc) {
+    if (a.table == nullptr || a.validate || !read_schedule_table<HEADS, BM, BN>(a, sc))
+        write_work_item<HEADS, BM, BN>(a, sc);
+}
+
 template <int HEADS, int BM, int BN>
 __device__ __forceinline__ WorkItem find_work_item(const ScheduleArgs& a, void* scratch) {
     ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
-    write_work_item<HEADS, BM, BN>(a, sc);
+    find_work_item_into<HEADS, BM, BN>(a, sc);
     const int* found = sc->found;
     return {found[0], found[1], found[2], found[3]};
 }

@@ -112,6 +112,7 @@ def main() -> dict:
             run(step, fb)
 
     report["graph_buffers_stable"] = len(addresses) == 1
+    report["graph_reschedules"] = backend.kgen.module.reschedules
     report["calls"] = list(backend.kgen.module.calls)
 
     # routing: layers and calls kgen does not serve go to Triton

@@ -401,6 +401,7 @@ class RefModule:
 
     def __init__(self, spec):
         self.spec, self.device, self.calls = spec, torch.device("cpu"), []
+        self.reschedules = 0  # RefStep.reschedule() calls: the graph hooks' before each replay
         m = spec.model
         self.args = (1, m.softmax_scale, m.value_dim)
         self.scaled = getattr(spec.cache, "scales", "per_tensor") == "per_block"
@@ -439,6 +440,9 @@ class RefStep:
         o, _ = verify_attention_ref(q, self.mod.rows(kv_cache), self.mod.tree_keys(k_tree), qo, kv_indptr,
                                     kv_indices, kv_lens, self.tree_mask, *self.mod.args, kv_scale=kv_scale)
         return out.copy_(o), None
+
+    def reschedule(self):  # kgen's steps rewrite their schedule tables; the reference has none
+        self.mod.reschedules += 1
 
     def prefix(self, q, kv_cache, *, kv_scale=1.0, out=None, lse=None):
         self.mod.calls.append("prefix")

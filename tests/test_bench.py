@@ -180,36 +180,55 @@ def test_warm_plans_what_the_gpu_tests_load():
 
 
 def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_checkout_alone(tmp_path, monkeypatch):
-    """bench/cta_trace.py patches a copy of the attention header: its anchors must still be there,
-    and the traced verify kernel must compile (NVRTC, sm_90) with its 4 points' timer and clock reads."""
+    """bench/cta_trace.py patches copies of the attention headers: its anchors must still be there,
+    and the traced verify kernels must compile (NVRTC, sm_90) with their points' timer and clock reads:
+    5 in the seesaw loop (the sm_90 plan), 8 in the mma.sync loop (the sm_120 plan)."""
     from bench import cta_trace
     from kgen import render, sass
     from kgen.build import build_variant
     from kgen.cache import KernelCache
     from kgen.plan import plan
 
-    plain = render.headers()[cta_trace.HEADER]
-    traced = cta_trace.traced_headers()()[cta_trace.HEADER]
-    assert traced.count("KGEN_TRACE(schedule, ") == 4 and "KGEN_TRACE" not in plain
-    assert render.headers()[cta_trace.HEADER] == plain  # the checkout's header is untouched
+    plain = render.headers()
+    traced = cta_trace.traced_headers()()
+    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 7
+    assert not any("KGEN_TRACE" in text for text in plain.values())
+    assert render.headers() == plain  # the checkout's headers are untouched
     monkeypatch.setattr(render, "headers", cta_trace.traced_headers())
-    p = plan(kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_sm120.yaml"), "sm_90")
-    disasm = sass.dump(build_variant(p.variant("verify_attn"), "sm_90", KernelCache(tmp_path)).cubin)
-    assert disasm.count("GLOBALTIMER") == 4 and disasm.count("SR_CLOCK") >= 4
+    spec = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_sm120.yaml")
+    for arch, points in (("sm_90", 5), ("sm_120", 8)):
+        disasm = sass.dump(build_variant(plan(spec, arch).variant("verify_attn"), "sm_90", KernelCache(tmp_path)).cubin)
+        assert disasm.count("GLOBALTIMER") == points and disasm.count("SR_CLOCK") >= points, arch
 
 
 def test_cta_trace_summary_reads_each_ctas_points():
     from bench.cta_trace import summary
 
     ns = 1000  # the global timer counts ns; clocks are cycles
-    rows = [[100 * ns, 103 * ns, 110 * ns, 0, 5000, 8000, 21000, 0],   # an item: schedule 3000 cycles
-            [101 * ns, 105 * ns, 112 * ns, 0, 7000, 11000, 25000, 0],  # an item: 4000 cycles, done at +12 us
-            [102 * ns, 0, 0, 104 * ns, 6000, 0, 0, 9500],             # no item: exits after 3500 cycles
-            [0] * 8]                                                   # a slot no CTA wrote
+    z = [0] * 4  # points 4-7, which these rows do not have
+    rows = [[100 * ns, 103 * ns, 110 * ns, 0, *z, 5000, 8000, 21000, 0, *z],   # an item: schedule 3000 cycles
+            [101 * ns, 105 * ns, 112 * ns, 0, *z, 7000, 11000, 25000, 0, *z],  # an item: 4000 cycles, done at +12 us
+            [102 * ns, 0, 0, 104 * ns, *z, 6000, 0, 0, 9500, *z],             # no item: exits after 3500 cycles
+            [0] * 16]                                                          # a slot no CTA wrote
     lines = summary(torch.tensor(rows, dtype=torch.int64).flatten(), 15.0)
     assert lines[0] == "CTAs: 3 (2 with an item, 1 without); kernel 15.0 us"
-    assert lines[1] == "start, us after the first CTA's: median 1.00, max 2.00"
+    assert lines[1] == "start, us after the first CTA's: median 1.00, max 2.00; of CTAs with an item: median 0.50, max 1.00"
     assert lines[2].startswith("schedule (start -> item), cycles: median 3500.00, max 4000.00")
     assert lines[2].endswith("(start -> exit): median 3500.00, max 3500.00")
     assert lines[3] == "attend (item -> attended), us: median 7.00, max 7.00"
     assert lines[4] == "last CTA done, us after the first start: 12.00"
+
+
+def test_cta_trace_summary_splits_the_phases_of_the_mma_sync_loop():
+    from bench.cta_trace import summary
+
+    us = 1000  # global timer ns per us
+    #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 prefix, 6 tree, 7 chunk; then the 8 clocks
+    row = [1 * us, 4 * us, 20 * us, 0, 6 * us, 15 * us, 17 * us, 3 * us] + [1] * 8
+    lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 25.0)
+    assert lines[4:10] == ["  schedule: lengths, sums, chunk, us: median 2.00, max 2.00",
+                           "  schedule: scan to the item, us: median 1.00, max 1.00",
+                           "  Q to registers, us: median 2.00, max 2.00",
+                           "  first range (prefix), us: median 9.00, max 9.00",
+                           "  second range (tree), us: median 2.00, max 2.00",
+                           "  partial state, us: median 3.00, max 3.00"]

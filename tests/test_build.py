@@ -42,6 +42,7 @@ def test_every_kernel_of_the_sm120_plan_compiles_without_spills(path, arch, cach
     built = build(p, [arch], cache)
     sparse = {"sparse_attn", "sparse_combine"} if p.spec.model.sparse else set()
     assert {b.variant.kernel for b in built} == {"prefix_attn", "verify_attn", "tree_attn", "lse_combine", "lse_merge",
+                                                 "split_schedule",
                                                  "kv_defrag", *sparse}
     for b in built:
         assert b.cubin[:4] == b"\x7fELF", b.variant.name
@@ -63,6 +64,10 @@ SM90_TREE_SPILL_BYTES = 256
 # Over fp8 rows its producer gets 40 registers (the conversion is latency-bound: bench/NOTES.md v22)
 # and its consumers 232: ptxas spills a few more words of theirs, in every attention kernel.
 SM90_FP8_SPILL_BYTES = 320
+# The seesaw loop (bf16 rows) at its 168-register cap: two words stored at the kernel's start and
+# reloaded in its epilogue, outside the loop (bench/NOTES.md v28), and the prefix kernel's one
+# word a tile at its producer's 24 registers (v23): 8 B stored, 12 B loaded.
+SEESAW_SPILL_BYTES = 20
 ATTENTION_KERNELS = ("prefix_attn", "verify_attn", "tree_attn")
 
 
@@ -81,8 +86,8 @@ def test_the_sm90_plan_is_its_own_and_compiles_for_sm90a(path, cache):
             limit = SM90_FP8_SPILL_BYTES
         elif wgmma and name in ("verify_attn", "tree_attn"):
             limit = SM90_TREE_SPILL_BYTES
-        elif p.tiles.design == "seesaw" and name == "prefix_attn":
-            limit = 8  # its producer reloads one word a tile at 24 registers (bench/NOTES.md v23)
+        elif p.tiles.design == "seesaw" and name in ATTENTION_KERNELS:
+            limit = SEESAW_SPILL_BYTES
         else:
             limit = emulated_e4m3_spill_limit(spec, "sm_90")
         assert b.report.spill_bytes <= limit, (name, b.report)
@@ -398,7 +403,7 @@ def test_the_seesaw_loop_fits_four_stages_and_compiles_for_sm90a(tmp_path):
         # Q·K over all 576 dims in one m64n32 chain; P·V from registers and from the other's tile
         assert {"HGMMA.64x32x16.F32.BF16", "HGMMA.64x256x16.F32.BF16"} <= ops and b.sass["LDGSTS"] > 0, name
         # prefix_attn's producer reloads one word a tile at 24 registers (a 4-byte store and load)
-        assert b.report.spill_bytes <= (8 if name == "prefix_attn" else 0), (name, b.report)
+        assert b.report.spill_bytes <= SEESAW_SPILL_BYTES, (name, b.report)
 
 
 def test_the_seesaw_loop_takes_per_tensor_fp8_rows_in_three_stages_beside_the_raw_stages(tmp_path):

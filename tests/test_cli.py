@@ -24,7 +24,8 @@ from kgen.model import grid
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "specs" / "glm5_sm120.yaml"
-KERNELS = ("prefix_attn", "tree_attn", "verify_attn", "lse_merge_bf16", "lse_merge_f32", "lse_combine", "kv_defrag")
+KERNELS = ("prefix_attn", "tree_attn", "verify_attn", "lse_merge_bf16", "lse_merge_f32", "lse_combine", "kv_defrag",
+           "split_schedule")
 
 
 def kgen_cli(*args, cwd=None, columns: int | None = None) -> subprocess.CompletedProcess:

@@ -55,6 +55,7 @@ def test_save_kv_cache_stores_each_new_row_at_its_slot(report):
 def test_graph_replays_refill_the_captured_buffers_and_reuse_the_prepared_step(report):
     assert report["graph_buffers_stable"] is True
     assert report["graph_step_reused"] == [True] * 6
+    assert report["graph_reschedules"] == 6  # each replay's refilled lengths: the step's tables follow
 
 
 def test_calls_kgen_cannot_serve_go_to_triton(report):

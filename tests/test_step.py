@@ -28,7 +28,7 @@ from kgen.plan import plan
 from kgen.runtime import Kernel
 from kgen.splitkv import MIN_SPLIT_TILES
 from kgen.signature import Param, ParamLayout
-from kgen.step import workspace_layout
+from kgen.step import table_bytes, workspace_layout
 from kgen.inputs import make_verify_inputs
 
 from conftest import spec_named
@@ -91,30 +91,37 @@ def expected_grids(p, x, target: int) -> tuple[int, int]:
     return (SPLIT_WAVES if row_tiles > target else 1) * target + row_tiles, row_tiles
 
 
-def expected_launches(mod, x, op: str, out, lse, workspace: int, *, step_has_prefix: bool, layer=None):
+def expected_launches(mod, x, op: str, out, lse, workspace: int, *, step_has_prefix: bool, layer=None,
+                      table: bool = False, schedule: bool = False):
     """The launches of one call, from DESIGN §5 and the kernels' C signatures: `x` holds the
-    batch, `layer` (default x) the layer's q, kv_cache and k_tree; `workspace` is its address."""
+    batch, `layer` (default x) the layer's q, kv_cache and k_tree; `workspace` is its address.
+    table: the call's step keeps schedule tables (a prepared step); schedule: the call is its
+    kernel's first, which writes the table first."""
     layer = layer or x
     tokens, batch = x.q.shape[0], x.qo_indptr.numel() - 1
     target = mod.target.sm_count * mod.plan.tiles.min_blocks
     prefix_grid, tree_grid = expected_grids(mod.plan, x, target)
-    off_lse, off_meta, _ = workspace_layout(mod.plan, prefix_grid if step_has_prefix else tree_grid, batch)
-    scratch = dict(part_o=workspace, part_lse=workspace + off_lse)
-    attn = dict(q=ptr(layer.q), kv_scale=1.0, qo_indptr=ptr(x.qo_indptr), batch=batch, target_ctas=target,
-                min_split_tiles=MIN_SPLIT_TILES, min_splits=int(op != "prefix"),
-                max_nodes=mod.spec.tree.nodes if op != "prefix" else tokens, total_tokens=tokens, validate=0,
-                error_flag=ptr(mod.state.error_flag), req_meta=workspace + off_meta, **scratch)
-    if op == "tree":
-        attn.update(kv_lens=ptr(mod.state.zero_lens(batch)))
-    else:
-        attn.update(kv_lens=ptr(x.kv_lens), kv_cache=ptr(layer.kv_cache), kv_indptr=ptr(x.kv_indptr),
-                    kv_indices=ptr(x.kv_indices), num_slots=layer.kv_cache.shape[0])
+    layout = workspace_layout(mod.plan, prefix_grid if step_has_prefix else tree_grid, batch)
+    table_size = -(-table_bytes(prefix_grid if step_has_prefix else tree_grid, batch) // 256) * 256
+    table_at = workspace + layout.tables + ("verify", "prefix", "tree").index(op) * table_size if table else 0
+    scratch = dict(part_o=workspace, part_lse=workspace + layout.part_lse)
+    split = dict(qo_indptr=ptr(x.qo_indptr), batch=batch, target_ctas=target, min_split_tiles=MIN_SPLIT_TILES,
+                 min_splits=int(op != "prefix"), max_nodes=mod.spec.tree.nodes if op != "prefix" else tokens,
+                 total_tokens=tokens,
+                 kv_lens=ptr(mod.state.zero_lens(batch)) if op == "tree" else ptr(x.kv_lens))
+    attn = dict(q=ptr(layer.q), kv_scale=1.0, **split, validate=0, error_flag=ptr(mod.state.error_flag),
+                req_meta=workspace + layout.req_meta, split_table=table_at, **scratch)
+    if op != "tree":
+        attn.update(kv_cache=ptr(layer.kv_cache), kv_indptr=ptr(x.kv_indptr), kv_indices=ptr(x.kv_indices),
+                    num_slots=layer.kv_cache.shape[0])
     if op != "prefix":
         attn.update(k_tree=ptr(layer.k_tree), tree_mask=ptr(x.op_mask))
-    combine = dict(qo_indptr=ptr(x.qo_indptr), req_meta=workspace + off_meta, batch=batch, o=ptr(out), lse=ptr(lse),
-                   **scratch)
-    return [(f"{op}_attn", tree_grid if op == "tree" else prefix_grid, attn),
-            ("lse_combine", tokens * mod.spec.model.num_q_heads, combine)]
+    combine = dict(qo_indptr=ptr(x.qo_indptr), req_meta=workspace + layout.req_meta, batch=batch, o=ptr(out),
+                   lse=ptr(lse), **scratch)
+    grid = tree_grid if op == "tree" else prefix_grid
+    first = [("split_schedule", grid, dict(**split, error_flag=ptr(mod.state.error_flag), table=table_at))]
+    return (first if schedule else []) + [(f"{op}_attn", grid, attn),
+                                          ("lse_combine", tokens * mod.spec.model.num_q_heads, combine)]
 
 
 def launched(mod):
@@ -204,11 +211,44 @@ def test_a_step_packs_once_and_a_layer_call_rewrites_only_its_own_tensors():
     outputs = [y.outputs() for y in layers]
     for y, (out, lse) in zip(layers, outputs):
         step.verify(y.q, y.kv_cache, y.k_tree, out=out, lse=lse)
-    assert len({(name, address) for name, _, address, _, _ in mod.launches}) == 2, "two blocks, packed once"
+    assert len({(name, address) for name, _, address, _, _ in mod.launches}) == 3, "three blocks, packed once"
     rows, items = step.num_tokens * mod.spec.model.num_q_heads, PREFIX.grid(step._capacity)
-    assert mod.launches[1][4] == COMBINE.threads(512, rows, items, step.plan.tiles.bm, step.batch, 132), "its groups"
-    assert launched(mod) == [launch for y, (out, lse) in zip(layers, outputs) for launch in expected_launches(
-        mod, x, "verify", out, lse, step.workspace.data_ptr(), step_has_prefix=True, layer=y)]
+    assert mod.launches[2][4] == COMBINE.threads(512, rows, items, step.plan.tiles.bm, step.batch, 132), "its groups"
+    assert launched(mod) == [launch for i, (y, (out, lse)) in enumerate(zip(layers, outputs)) for launch in
+                             expected_launches(mod, x, "verify", out, lse, step.workspace.data_ptr(),
+                                               step_has_prefix=True, layer=y, table=True, schedule=i == 0)]
+
+
+def test_reschedule_writes_the_tables_of_the_kernels_a_step_has_run_and_one_shot_ops_keep_none():
+    mod = stub_module()
+    x = inputs(mod)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    step.reschedule()
+    assert mod.launches == []  # no kernel has run: no table to write
+    step.verify(x.q, x.kv_cache, x.k_tree)
+    step.tree(x.q, x.k_tree)
+    first = {args["table"]: args for name, _, args in launched(mod) if name == "split_schedule"}
+    mod.launches.clear()
+    step.reschedule()
+    step.verify(x.q, x.kv_cache, x.k_tree)  # after reschedule: no table write of its own
+    names = [name for name, *_ in mod.launches]
+    assert names == ["split_schedule", "split_schedule", "verify_attn", "lse_combine"]
+    again = {args["table"]: args for name, _, args in launched(mod) if name == "split_schedule"}
+    assert again == first and len(first) == 2  # verify's table and tree's, from the same blocks
+    mod.launches.clear()
+    mod.verify_attention(*x.verify_args())
+    assert [name for name, *_ in mod.launches] == ["verify_attn", "lse_combine"]
+    assert mod.launches[0][3]["split_table"] == 0
+
+
+def test_validate_mode_steps_keep_no_table(monkeypatch):
+    monkeypatch.setenv("KGEN_VALIDATE", "1")
+    mod = stub_module()
+    x = inputs(mod)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    step.verify(x.q, x.kv_cache, x.k_tree)
+    assert [name for name, *_ in mod.launches] == ["verify_attn", "lse_combine"]
+    assert mod.launches[0][3]["split_table"] == 0
 
 
 def test_one_step_runs_verify_prefix_and_tree():
@@ -222,7 +262,7 @@ def test_one_step_runs_verify_prefix_and_tree():
         out, lse = x.outputs()
         call(out, lse)
         assert launched(mod) == expected_launches(mod, x, op, out, lse, step.workspace.data_ptr(),
-                                                  step_has_prefix=True), op
+                                                  step_has_prefix=True, table=True, schedule=True), op
 
 
 def test_tree_calls_read_zero_prefix_lengths():
@@ -259,10 +299,11 @@ def test_workspace_is_allocated_per_step_or_shared():
     shared = torch.empty(need, dtype=torch.uint8)
     step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask, workspace=shared)
     step.verify(x.q, x.kv_cache, x.k_tree)
-    args = mod.launches[0][3]
+    args = mod.launches[1][3]
     assert args["part_o"] == shared.data_ptr()
-    assert shared.data_ptr() < args["part_lse"] < args["req_meta"] < shared.data_ptr() + need
-    assert all(args[k] % 256 == shared.data_ptr() % 256 for k in ("part_lse", "req_meta"))
+    assert shared.data_ptr() < args["part_lse"] < args["req_meta"] < args["split_table"] < shared.data_ptr() + need
+    assert all(args[k] % 256 == shared.data_ptr() % 256 for k in ("part_lse", "req_meta", "split_table"))
+    assert mod.launches[0][3]["table"] == args["split_table"]
     with pytest.raises(ValueError, match=rf"workspace: this step needs {need} bytes"):
         mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask, workspace=shared[:-16])
 
@@ -332,8 +373,8 @@ def test_bad_per_layer_tensors_are_named_by_a_prepared_step(wrong, arg, call):
     with pytest.raises((ValueError, TypeError), match=rf"\b{arg}\b"):
         call(step, x)
     assert mod.launches == []
-    step.verify(x.q, x.kv_cache, x.k_tree)  # the step still works after a refused call
-    assert [name for name, *_ in mod.launches] == ["verify_attn", "lse_combine"]
+    step.verify(x.q, x.kv_cache, x.k_tree)  # the step still works after a refused call (its first)
+    assert [name for name, *_ in mod.launches] == ["split_schedule", "verify_attn", "lse_combine"]
 
 
 def test_a_step_says_what_it_was_prepared_without():

@@ -70,12 +70,15 @@ def split(total: int, parts: int, most: int, rng: random.Random) -> list[int]:
     return sizes
 
 
+@pytest.mark.parametrize("rescheduled", [False, True], ids=["stale tables", "rescheduled in the graph"])
 @pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_p16_sm120", "deepseek_v3_sm120", "glm5_static5_sm120",
                                        "glm5_fp8_sm120", "glm5_dsa_fp8_sm120"])
-def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, cuda, seed, spec_name):
+def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, cuda, seed, spec_name, rescheduled):
     """Three layers' verify calls (and layer 0's prefix and tree calls) of one step in one graph,
     replayed after new lengths, pages, tree shapes (the same token count, split otherwise) and
-    masks are copied into the step's metadata tensors and new layer inputs into theirs."""
+    masks are copied into the step's metadata tensors and new layer inputs into theirs. Without
+    Step.reschedule() the kernels find their work items for themselves (the schedule tables are
+    stale); with it, captured first, they read them from the rewritten tables."""
     mod = module_for(spec_name)
     dims = Dims.of(mod.spec)
     rng, g = random.Random(seed), generator(cuda, seed)
@@ -109,6 +112,8 @@ def test_a_graph_of_prepared_layers_replays_with_refilled_metadata(module_for, c
     outs = [captured[0].outputs() for _ in range(layers + 2)]  # each layer's verify, layer 0's prefix and tree
 
     def forward():
+        if rescheduled:
+            step.reschedule()
         for layer, (x, (o, s)) in enumerate(zip(inputs, outs)):
             step.verify(x["q"], x["kv_cache"], x["k_tree"], kv_scale=scales[layer], out=o, lse=s)
         x = inputs[0]
@@ -151,6 +156,48 @@ def test_steps_can_share_one_workspace(module_for, cuda, seed):
         for i, (step, x) in enumerate(zip(steps, batches)):
             o, lse = step.verify(x.q, x.kv_cache, x.k_tree)
             assert_close_attention(o, lse, *x.verify_ref(), what=f"step {i} on the shared workspace")
+
+
+def test_a_step_reads_its_work_items_from_its_schedule_table_while_it_matches_the_lengths(module_for, cuda, seed):
+    """A prepared step's kernels take their work items from its schedule tables: items spoiled in a
+    current table spoil the call (so the table is what they read), Step.reschedule() mends it, and
+    lengths refilled since the table was written make the kernels find their items themselves."""
+    from kgen.kernels import VERIFY
+
+    mod = module_for("glm5_sm120")
+    g = generator(cuda, seed)
+    sizes, pool = [16, 5, 64], 3 * 2100
+    first, second = (make_verify_inputs(mod.spec, sizes, lens, device=cuda, generator=g, num_pages=pool)
+                     for lens in ([2000, 70, 0], [1999, 2100, 1]))
+    meta = {name: getattr(first, name).clone() for name in ("qo_indptr", "kv_indptr", "kv_lens", "tree_mask")}
+    meta["kv_indices"] = torch.empty(pool, dtype=torch.int32, device=cuda)
+    load(meta, first)
+    step = mod.prepare(meta["qo_indptr"], meta["kv_indptr"], meta["kv_indices"], meta["kv_lens"], meta["tree_mask"])
+    batch = len(sizes)
+    table = step.split_table(VERIFY) - step.workspace.data_ptr()
+    items = table + -(-(12 + 2 * batch + 1) // 4) * 16  # templates/schedule.cuh ScheduleTable::items
+
+    def call(x, what, *, spoiled=False):
+        if spoiled:  # every CTA's item: none; and the partial states of the last call gone
+            step.workspace[items:items + 16 * step._launches[VERIFY][1]].view(torch.int32).fill_(-1)
+            step.workspace[:step.req_meta - step.workspace.data_ptr()].fill_(0xFF)
+        o, lse = step.verify(x.q, x.kv_cache, x.k_tree)
+        return o, lse, what
+
+    o, lse, what = call(first, "the first call (it writes the table)")
+    assert_close_attention(o, lse, *first.verify_ref(), what=what)
+    o, lse, _ = call(first, "spoiled", spoiled=True)
+    assert o.float().isnan().any() or not torch.allclose(o.float(), first.verify_ref()[0].float(), atol=0.1), \
+        "a current table's items are what the kernels run"
+    step.reschedule()
+    o, lse, what = call(first, "rescheduled")
+    assert_close_attention(o, lse, *first.verify_ref(), what=what)
+    load(meta, second)
+    o, lse, what = call(second, "refilled lengths over a spoiled table", spoiled=True)
+    assert_close_attention(o, lse, *second.verify_ref(), what=what)
+    step.reschedule()
+    o, lse, what = call(second, "refilled and rescheduled")
+    assert_close_attention(o, lse, *second.verify_ref(), what=what)
 
 
 def test_the_device_schedule_hands_out_the_rules_work_items(module_for, cuda, seed):

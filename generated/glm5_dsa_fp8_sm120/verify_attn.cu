@@ -31,7 +31,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__622443efd0ee(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__726733e33ad2(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -48,6 +48,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e
     int validate,
     int* __restrict__ error_flag,
     int4* __restrict__ req_meta,
+    const int* __restrict__ split_table,
     float* __restrict__ part_o,
     float* __restrict__ part_lse,
     long long num_slots,
@@ -57,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e
     kgen::prefix_attention<Cfg, 64, true, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, kv_indptr, kv_indices,
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
-                           validate, error_flag, req_meta},
+                           validate, error_flag, req_meta, split_table},
         part_o, part_lse, num_slots, reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask }, 0.09016844005556021f);
 }

@@ -32,7 +32,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__289e5f631fd2(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__3c18c5c529f4(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ k_tree,
     float kv_scale,
@@ -48,12 +48,13 @@ extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps64_e4m
     int validate,
     int* __restrict__ error_flag,
     int4* __restrict__ req_meta,
+    const int* __restrict__ split_table,
     float* __restrict__ part_o,
     float* __restrict__ part_lse) {
     extern __shared__ __align__(1024) char smem[];
     kgen::tree_attention<Cfg, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(k_tree), kv_scale, RequestMask{tree_mask},
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
-                           validate, error_flag, req_meta},
+                           validate, error_flag, req_meta, split_table},
         part_o, part_lse, 0.09016844005556021f);
 }

@@ -24,7 +24,7 @@ static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h16_d576_ps1_bf16_t1024_sm120__a57a6dba47cd(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h16_d576_ps1_bf16_t1024_sm120__b5c8e62dda77(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,
@@ -41,6 +41,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h16_d576_ps1_b
     int validate,
     int* __restrict__ error_flag,
     int4* __restrict__ req_meta,
+    const int* __restrict__ split_table,
     float* __restrict__ part_o,
     float* __restrict__ part_lse,
     long long num_slots) {
@@ -48,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h16_d576_ps1_b
     kgen::prefix_attention<Cfg, 1, false, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, kv_indptr, kv_indices,
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
-                           validate, error_flag, req_meta},
+                           validate, error_flag, req_meta, split_table},
         part_o, part_lse, num_slots, nullptr,
         RequestMask{ }, 0.09016844005556021f);
 }

@@ -220,6 +220,8 @@ class _KgenMethods(BatchHooks):
         key = (mode, bs, n)
         if capture or key not in self._kgen_graph_steps:
             self._kgen_graph_steps[key] = self.kgen.prepare(meta, bs * n, graph=True)
+        else:  # the replay's lengths were refilled in place: its schedule tables follow them
+            self._kgen_graph_steps[key].reschedule()
         self._kgen_step = self._kgen_graph_steps[key]
 
     # -- forward: kgen for the prepared mode on the layers it serves, else Triton --
