@@ -22,9 +22,11 @@ schedule table per kernel, by a launch of its own on the kernel's first call (St
 writes it again). An attention CTA reads its work item from the table when the table was made
 from the call's lengths and finds it for itself (~3 us more per call) when they were refilled
 since: a caller that refills them calls reschedule() once after, before the layers (a CUDA-graph
-replay: before the replay, or inside the graph before the first layer). A captured graph also keeps each call's q, kv_cache,
-k_tree, out, lse and kv_scale. Steps that share a workspace must run in turn on one stream, and
-one step serves one thread at a time (a call rewrites its parameter blocks).
+replay: before the replay, or inside the graph before the first layer).
+
+A captured graph also keeps each call's q, kv_cache, k_tree, out, lse and kv_scale. Steps that
+share a workspace must run in turn on one stream, and one step serves one thread at a time (a
+call rewrites its parameter blocks).
 """
 
 from __future__ import annotations
@@ -54,10 +56,15 @@ _TABLES = (VERIFY, PREFIX, TREE)  # a schedule table each (their schedules diffe
 _STAMP_WORDS = 12  # templates/schedule.cuh: a table's stamp
 
 
+def table_items(batch: int) -> int:
+    """Byte offset of a schedule table's items (templates/schedule.cuh ScheduleTable::items): its
+    stamp and lengths, rounded up to 16 bytes."""
+    return -(-(_STAMP_WORDS + 2 * batch + 1) // 4) * 16
+
+
 def table_bytes(grid: int, batch: int) -> int:
-    """A schedule table (templates/schedule.cuh ScheduleTable): stamp and lengths, then from a
-    16-byte boundary an int4 item per CTA and an int4 req_meta per request."""
-    return -(-(_STAMP_WORDS + 2 * batch + 1) // 4) * 16 + 16 * grid + 16 * batch
+    """A schedule table: stamp and lengths, then an int4 item per CTA and an int4 req_meta per request."""
+    return table_items(batch) + 16 * grid + 16 * batch
 
 
 @dataclass(frozen=True)
@@ -196,10 +203,13 @@ class Step:
         in place, so that the next calls read their work items rather than find them."""
         if self._empty:
             return
-        self._unscheduled.clear()
-        schedule, stream = self._kernels[SCHEDULE.name], self._ctx.device.stream()
-        for entry, block in self._schedules.items():
-            schedule.launch(entry.grid(self._capacity), block, stream)
+        stream = self._ctx.device.stream()
+        for entry in self._schedules:
+            self._write_table(entry, stream)
+
+    def _write_table(self, entry: AttentionEntry, stream) -> None:
+        self._kernels[SCHEDULE.name].launch(entry.grid(self._capacity), self._schedules[entry], stream)
+        self._unscheduled.discard(entry)
 
     # ---- per layer ------------------------------------------------------------------------
 
@@ -238,8 +248,7 @@ class Step:
             self.error_flag.zero_()
         stream = self._ctx.device.stream()
         if entry in self._unscheduled:  # the kernel's first call: its table first
-            self._kernels[SCHEDULE.name].launch(grid, self._schedules[entry], stream)
-            self._unscheduled.discard(entry)
+            self._write_table(entry, stream)
         kernel.launch(grid, block, stream)
         combine.launch(combine_grid, combine_block, stream, combine_threads)
         if self.validate:

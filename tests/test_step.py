@@ -28,7 +28,7 @@ from kgen.plan import plan
 from kgen.runtime import Kernel
 from kgen.splitkv import MIN_SPLIT_TILES
 from kgen.signature import Param, ParamLayout
-from kgen.step import table_bytes, workspace_layout
+from kgen.step import table_bytes, table_items, workspace_layout
 from kgen.inputs import make_verify_inputs
 
 from conftest import spec_named
@@ -239,6 +239,16 @@ def test_reschedule_writes_the_tables_of_the_kernels_a_step_has_run_and_one_shot
     mod.verify_attention(*x.verify_args())
     assert [name for name, *_ in mod.launches] == ["verify_attn", "lse_combine"]
     assert mod.launches[0][3]["split_table"] == 0
+
+
+def test_the_schedule_tables_layout_is_the_headers():
+    from kgen import render
+    from kgen.step import _STAMP_WORDS
+
+    header = render.headers()["kgen/schedule.cuh"]
+    assert f"constexpr int STAMP_WORDS = {_STAMP_WORDS}," in header
+    assert "(STAMP_WORDS + 2 * batch + 1 + 3) / 4 * 4" in header  # items_word: table_items / 4
+    assert table_bytes(10, 3) == table_items(3) + 16 * 10 + 16 * 3 and table_items(3) == 80
 
 
 def test_validate_mode_steps_keep_no_table(monkeypatch):

@@ -163,6 +163,7 @@ def test_a_step_reads_its_work_items_from_its_schedule_table_while_it_matches_th
     current table spoil the call (so the table is what they read), Step.reschedule() mends it, and
     lengths refilled since the table was written make the kernels find their items themselves."""
     from kgen.kernels import VERIFY
+    from kgen.step import table_items
 
     mod = module_for("glm5_sm120")
     g = generator(cuda, seed)
@@ -175,7 +176,7 @@ def test_a_step_reads_its_work_items_from_its_schedule_table_while_it_matches_th
     step = mod.prepare(meta["qo_indptr"], meta["kv_indptr"], meta["kv_indices"], meta["kv_lens"], meta["tree_mask"])
     batch = len(sizes)
     table = step.split_table(VERIFY) - step.workspace.data_ptr()
-    items = table + -(-(12 + 2 * batch + 1) // 4) * 16  # templates/schedule.cuh ScheduleTable::items
+    items = table + table_items(batch)
 
     def call(x, what, *, spoiled=False):
         if spoiled:  # every CTA's item: none; and the partial states of the last call gone
