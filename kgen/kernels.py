@@ -148,9 +148,10 @@ class CombineEntry(KernelEntry):
                     batch=step.batch, o=None, lse=None)
 
 
-def combine_variant(c: PlanContext, name: str, bm: int) -> Variant:
+def combine_variant(c: PlanContext, name: str, bm: int, overlaps_attention: bool) -> Variant:
     """Merges an attention call's split partials (bm rows each) into o and lse; launched with
-    CombineEntry.threads (at most the variant's)."""
+    CombineEntry.threads (at most the variant's), and to overlap the attention kernel's tail where
+    `overlaps_attention` (programmatic dependent launch: bench/NOTES.md v29 says where it pays)."""
     m = c.spec.model
     return Variant(kernel=name, name=name, template="lse_combine.cu.j2",
                    threads=m.value_dim // 4 * COMBINE_MAX_GROUPS, smem_bytes=0, min_blocks=1,
@@ -159,11 +160,11 @@ def combine_variant(c: PlanContext, name: str, bm: int) -> Variant:
                    params=params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
                                  "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
                                  "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
-                   tag=c.tag)
+                   tag=c.tag, waits_for_prior=overlaps_attention)
 
 
 def _lse_combine(c: PlanContext) -> list[Variant]:
-    return [combine_variant(c, "lse_combine", c.tiles.bm)]
+    return [combine_variant(c, "lse_combine", c.tiles.bm, overlaps_attention=False)]
 
 
 COMBINE = CombineEntry("lse_combine", "verify_attention, prefix_attention, tree_attention", _lse_combine)
@@ -176,7 +177,9 @@ def _sparse_attn(c: PlanContext) -> list[Variant]:
 
 
 def _sparse_combine(c: PlanContext) -> list[Variant]:
-    return [combine_variant(c, "sparse_combine", sparse_plan.sparse_bm(c))] if c.spec.model.sparse else []
+    if not c.spec.model.sparse:
+        return []
+    return [combine_variant(c, "sparse_combine", sparse_plan.sparse_bm(c), overlaps_attention=True)]
 
 
 # The sparse step (kgen/sparse.py) packs their argument blocks.

@@ -43,14 +43,20 @@ def ensure_context(device: torch.device) -> None:
             check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
-class Kernel:
-    """One loaded entry point: its variant, its CUfunction and the launch call. Kernel.load loads a
-    built cubin; the constructor takes what was loaded (or stand-ins, on a machine without a GPU)."""
+_CONFIGS_KEPT = 64  # launch configs a kernel keeps (grid, threads, stream); a server's steps reuse a few
 
-    def __init__(self, variant: Variant, func, stream: Callable[[], object], launch: Callable):
-        self.variant, self._func, self.stream, self._launch = variant, func, stream, launch
+
+class Kernel:
+    """One loaded entry point: its variant, its CUfunction and the launch calls (cuLaunchKernel;
+    cuLaunchKernelEx for a variant that waits_for_prior). Kernel.load loads a built cubin; the
+    constructor takes what was loaded (or stand-ins, on a machine without a GPU)."""
+
+    def __init__(self, variant: Variant, func, stream: Callable[[], object], launch: Callable,
+                 launch_ex: Callable | None = None):
+        self.variant, self._func, self.stream, self._launch, self._launch_ex = variant, func, stream, launch, launch_ex
         self._threads, self._smem = variant.threads, variant.smem_bytes
         self.layout = ParamLayout(variant.params)
+        self._configs: dict[tuple, object] = {}  # (grid, threads, stream handle) -> CUlaunchConfig
 
     @classmethod
     def load(cls, built: BuiltKernel, device: torch.device) -> Kernel:
@@ -64,23 +70,55 @@ class Kernel:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
             check(driver.cuFuncSetAttribute(func, attr, v.smem_bytes),
                   f"raising shared memory of {v.name} to {v.smem_bytes} B")
-        kernel = cls(v, func, current_stream(device), driver.cuLaunchKernel)
+        kernel = cls(v, func, current_stream(device), driver.cuLaunchKernel, driver.cuLaunchKernelEx)
         kernel._module = module  # the CUmodule stays loaded while the kernel lives
         return kernel
 
     def launch(self, grid: int, params: ParamBlock, stream, threads: int | None = None) -> None:
         """Launch `grid` CTAs (of `threads`, default and at most the variant's) with a packed
         parameter block on `stream` (a CUstream). cuda-python takes an int kernelParams as a ready
-        void** and converts nothing (its _HelperKernelParams)."""
-        err, = self._launch(self._func, grid, 1, 1, threads or self._threads, 1, 1, self._smem, stream,
-                            params.address, 0)
+        void** and converts nothing (its _HelperKernelParams). A variant that waits_for_prior is
+        launched with programmatic stream serialization: it may start before the previous kernel on
+        the stream has ended (its wait_for_prior_grid holds it until then)."""
+        threads = threads or self._threads
+        if self.variant.waits_for_prior:
+            err, = self._launch_ex(self._config(grid, threads, stream), self._func, params.address, 0)
+        else:
+            err, = self._launch(self._func, grid, 1, 1, threads, 1, 1, self._smem, stream, params.address, 0)
         if err:
             check(err, f"launching {self.variant.name}")
+
+    def _config(self, grid: int, threads: int, stream):
+        """The CUlaunchConfig of a programmatic launch, made once per (grid, threads, stream): a new
+        one costs ~1.6 us of Python, and one is never changed once made (threads may share it)."""
+        key = (grid, threads, int(stream))
+        config = self._configs.get(key)
+        if config is None:
+            if len(self._configs) >= _CONFIGS_KEPT:
+                self._configs.clear()
+            config = self._configs[key] = programmatic_config(grid, threads, self._smem, stream)
+        return config
 
     def __call__(self, grid: int, **args) -> None:
         """A one-off launch on the current torch stream, arguments named as in the C signature."""
         if grid > 0:
             self.launch(grid, self.layout.pack(**args), self.stream())
+
+
+def programmatic_config(grid: int, threads: int, smem: int, stream):
+    """A launch config of `grid` x `threads` on `stream` whose kernel may overlap the previous one
+    (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; kept as a programmatic edge in a
+    captured CUDA graph)."""
+    driver = _driver()
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes, config.hStream = smem, stream
+    config.attrs, config.numAttrs = [attr], 1
+    return config
 
 
 def current_stream(device: torch.device) -> Callable[[], object]:

@@ -30,6 +30,9 @@ class Variant:
     tag: str  # human-readable part of the id: h8_d576_ps1_bf16_sm120
     requires: tuple[str, ...] = ()  # arch features the cubin needs (e.g. "wgmma": only sm_90a runs it)
     sass_expect: tuple[str, ...] = ()  # instruction classes (kgen.sass) the compiled loop must contain
+    # Launched to overlap the previous kernel on its stream (programmatic dependent launch): the
+    # kernel waits for that kernel's end (common.cuh wait_for_prior_grid) before it reads its output.
+    waits_for_prior: bool = False
 
     @property
     def digest(self) -> str:

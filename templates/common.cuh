@@ -12,6 +12,15 @@ constexpr float E4M3_MAX = 448.f;  // the largest finite e4m3 value
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+// Programmatic dependent launch (sm_90+; every arch kgen plans for has it). A kernel launched
+// right after this one with programmatic stream serialization (kgen's combine: Variant.waits_for_prior)
+// may start once every CTA of this one has called launch_dependents or exited: its launch and its
+// CTAs' start then overlap this kernel's tail rather than follow it.
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// Waits until the kernels this one may overlap (the previous one on the stream, launched as above)
+// have ended and their writes are visible; nothing to wait for in a kernel launched the usual way.
+__device__ __forceinline__ void wait_for_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // 2^x with the SFU (inputs are already scaled by log2(e)); 2^-inf = 0.
 __device__ __forceinline__ float exp2_fast(float x) {
     float y;

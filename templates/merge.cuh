@@ -64,6 +64,9 @@ namespace kgen {
 // maximum), so no pass over the lse values comes first; the groups' states meet in shared memory.
 // The chain a CTA waits on is the request search, its req_meta, and one latency per batch
 // (a chain of a latency per state, 4 loads in flight, was this kernel's cost: bench/NOTES.md v26).
+// The sparse verify launches it to overlap its attention kernel's tail (Variant.waits_for_prior):
+// the search runs before the wait for that kernel's end, everything after it reads what that kernel
+// wrote. Launched the usual way (the dense path) the wait returns at once.
 // See schedule.cuh for the slot layout.
 
 // The request holding `token`: the number of requests b >= 1 with qo_indptr[b] <= token (the
@@ -113,6 +116,7 @@ __device__ __forceinline__ void combine_partials(const float* __restrict__ part_
     const int token = static_cast<int>(out_row / HEADS), h = static_cast<int>(out_row % HEADS);
     const int groups = blockDim.x / COLS, g = threadIdx.x / COLS, col = threadIdx.x % COLS;
     const int b = request_of(qo_indptr, batch, token);
+    wait_for_prior_grid();  // the attention kernel's partial states and req_meta (its CTA 0 writes them)
     const int4 meta = req_meta[b];  // (first item, splits, 0, row tiles)
     const int r = (token - qo_indptr[b]) * HEADS + h, row_tile = r / BM, row = r % BM;
     const int states = meta.y;

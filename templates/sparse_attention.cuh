@@ -459,6 +459,9 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
     attend<C>(smem, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2, kv_scale,
               keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
+    // The sparse combine may launch once every CTA is here or gone (CTAs without an item): after the
+    // loop, since a combine started early measured slower (bench/NOTES.md v29).
+    launch_dependents();
 }
 
 }  // namespace kgen

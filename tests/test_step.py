@@ -175,6 +175,61 @@ def test_kernel_launch_passes_the_block_address_as_kernel_params():
     assert isinstance(calls[0][9], int)  # cuda-python reads an int kernelParams as a ready void**
 
 
+def test_the_sparse_combine_is_launched_to_overlap_the_attention_kernels_tail():
+    """The sparse combine (waits_for_prior) goes through cuLaunchKernelEx with programmatic stream
+    serialization, one config per grid, threads and stream, reused; every other kernel (the dense
+    combine too: bench/NOTES.md v29) through cuLaunchKernel."""
+    from cuda.bindings import driver
+
+    assert not any(v.waits_for_prior for v in plan(spec_named("glm5_sm120")).variants)
+    p = plan(spec_named("glm5_dsa_sm120"))
+    assert [v.name for v in p.variants if v.waits_for_prior] == ["sparse_combine"]
+    plain, ex = [], []
+    kernel = Kernel(p.variant("sparse_combine"), "func", stream=lambda: None, launch=lambda *a: plain.append(a) or (0,),
+                    launch_ex=lambda *a: ex.append(a) or (0,))
+    block = ParamLayout(kernel.variant.params).pack(part_o=1, part_lse=2, qo_indptr=3, req_meta=4, batch=5, o=6, lse=7)
+    s1, s2 = driver.CUstream(11), driver.CUstream(12)
+    for threads, stream in ((256, s1), (256, driver.CUstream(11)), (1024, s1), (256, s2)):
+        kernel.launch(40, block, stream, threads)
+    assert plain == [] and [(f, params, extra) for _, f, params, extra in ex] == [("func", block.address, 0)] * 4
+    configs = [c for c, *_ in ex]
+    assert configs[0] is configs[1] and len({id(c) for c in configs}) == 3  # same stream handle: same config
+    for c, threads, stream in zip(configs, (256, 256, 1024, 256), (11, 11, 11, 12)):
+        assert (c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ) == (40, 1, 1, threads, 1, 1)
+        assert (c.sharedMemBytes, int(c.hStream), c.numAttrs) == (0, stream, 1)
+        attr = c.attrs[0]
+        assert attr.id == driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        assert attr.value.programmaticStreamSerializationAllowed == 1
+
+
+def _body(text: str, function: str) -> str:
+    """The source of a device function, from its name to the next function's template line."""
+    start = text.index(f" {function}(")
+    return text[start:text.find("\ntemplate <", start)]
+
+
+def test_the_combine_waits_for_the_attention_kernel_before_it_reads_what_that_kernel_wrote():
+    """A kernel launched to overlap its predecessor must wait for it before reading its output: the
+    combine's search reads only the caller's qo_indptr before its wait_for_prior_grid, and the
+    variant that waits_for_prior compiles that combine. The sparse attention kernel lets it launch
+    once its loop is done (launch_dependents); the dense ones, whose combine waits for nothing, do
+    not."""
+    from kgen.render import headers, included_headers, render
+
+    combine = _body(headers()["kgen/merge.cuh"], "combine_partials")
+    before, after = combine.split("wait_for_prior_grid();")
+    assert "req_meta" not in before.split("{", 1)[1] and "part_" not in before.split("{", 1)[1]
+    assert "req_meta[b]" in after and "part_lse[" in after and "part_o +" in after
+    waiting = [v for v in plan(spec_named("glm5_dsa_sm120")).variants if v.waits_for_prior]
+    for v in waiting:
+        src = render(v)
+        assert "kgen::combine_partials<" in src and "kgen/merge.cuh" in included_headers(src), v.name
+    sparse = _body(headers()["kgen/sparse_attention.cuh"], "sparse_attention")
+    assert sparse.rfind("attend<C>(") < sparse.find("launch_dependents();")  # after the loop
+    for function in ("prefix_attention", "tree_attention"):
+        assert "launch_dependents" not in _body(headers()["kgen/attention_kernels.cuh"], function), function
+
+
 @pytest.mark.parametrize("rows, items, batch, threads", [
     (128, 135, 1, 1024),   # B=1 T=16 H=8, 135 items of 64 rows: ~68 states a row -> 8 groups (the most)
     (128, 3, 1, 128),      # no split: one state a row, one group
