@@ -1,12 +1,14 @@
-"""A per-CTA timeline of one prefix / verify call (issue 19's fixed costs, bench/NOTES.md v27): when
-each attention CTA started, found its work item (the split-KV schedule) and left attend(), on the
-GPU's global timer and each SM's clock.
+"""A per-CTA timeline of one prefix / verify call (issue 19's fixed costs, bench/NOTES.md v27) or of
+one sparse verify call (issue 21's): when each attention CTA started, found its work item (the
+split-KV schedule), built its key list (sparse) and left attend(), on the GPU's global timer and
+each SM's clock.
 
-The kernels are built from a copy of templates/attention_kernels.cuh with trace points added (the
-checkout's files are untouched; the patched source has its own cache key). Thread 0 of each CTA
-writes its points just past req_meta in a workspace this tool makes larger than the step's.
+The kernels are built from copies of the attention headers with trace points added (the checkout's
+files are untouched; the patched source has its own cache key). Thread 0 of each CTA writes its
+points into TRACE_BYTES that this tool places just before the step's workspace.
 
     python -m bench.cta_trace --shape 1,16,64            # B,T,L; --tiles seesaw:32,4,1 for a tiling
+    python -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072 [--empty-lists]
 """
 
 from __future__ import annotations
@@ -19,13 +21,15 @@ import torch
 import kgen
 from kgen import designs, render
 from kgen.inputs import make_verify_inputs
+from kgen.sparse_testing import make_sparse_inputs
 from kgen.step import Step
 
 HEADER = "kgen/attention_kernels.cuh"
 # Per header, pairs of an anchor and what the trace puts in its place. The points: 0 start, 1 work
 # item found, 2 attend() done, 3 no item (exit), 4 Q in registers, 5 first key range done, 6 second
-# (the tree) done, 7 the schedule's chunk chosen. 4-6 only in the mma.sync loop (attention.cuh),
-# where thread 0 is a compute thread; the wgmma loops' thread 0 is a producer's.
+# (the tree) done, 7 the dense schedule's chunk chosen or the sparse key list built. 4-6 only in the
+# mma.sync loop (attention.cuh), where thread 0 is a compute thread; the wgmma loops' thread 0 is a
+# producer's.
 PATCHES = {
     HEADER: (
         ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
@@ -38,6 +42,16 @@ PATCHES = {
         ("        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
          "        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
          "    }\n    KGEN_TRACE(2);\n}\n"),
+    ),
+    "kgen/sparse_attention.cuh": (
+        ("    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));\n"
+         "    if (item.b < 0) return;\n",
+         "    KGEN_TRACE_START(part_o);\n"
+         "    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));\n"
+         "    if (item.b < 0) { KGEN_TRACE(3); return; }\n    KGEN_TRACE(1);\n"),
+        ("    fence_proxy_async();\n    __syncthreads();\n",
+         "    KGEN_TRACE(7);\n    fence_proxy_async();\n    __syncthreads();\n"),
+        ("    launch_dependents();\n}\n", "    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),
     ),
     "kgen/schedule.cuh": (
         ("    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);\n",
@@ -92,9 +106,11 @@ def traced_headers(original=render.headers):
 
 PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item", 7, 1), ("Q to registers", 1, 4),
           ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2))
+SPARSE_PHASES = (("schedule", 0, 1), ("key list (scan, set, flush)", 1, 7), ("Q to registers", 7, 4),
+                 ("listed keys", 4, 5), ("tree", 5, 6), ("partial state", 6, 2))
 
 
-def summary(trace: torch.Tensor, kernel_us: float) -> list[str]:
+def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
     """What the points say: the CTAs' start spread, and per phase the median and the longest."""
     rows = [r for r in trace.view(-1, 2 * POINTS).cpu().tolist() if r[0]]
     with_item, without = [r for r in rows if r[2]], [r for r in rows if r[3]]
@@ -109,7 +125,7 @@ def summary(trace: torch.Tensor, kernel_us: float) -> list[str]:
              f"schedule (start -> item), cycles: {spread([r[9] - r[8] for r in with_item])}; CTAs without an "
              f"item (start -> exit): {spread([r[11] - r[8] for r in without])}",
              f"attend (item -> attended), us: {spread([(r[2] - r[1]) / 1e3 for r in with_item])}"]
-    for name, a, b in PHASES:  # the points a loop design does not have are 0
+    for name, a, b in phases:  # the points a loop design does not have are 0
         values = [(r[b] - r[a]) / 1e3 for r in with_item if r[a] and r[b]]
         if values:
             lines.append(f"  {name}, us: {spread(values)}")
@@ -117,35 +133,59 @@ def summary(trace: torch.Tensor, kernel_us: float) -> list[str]:
     return lines
 
 
+def traced_call(mod, spec, args, b: int, t: int, l: int):
+    """The call to trace (run once before, to load the cubins and write a dense step's schedule
+    table), the trace its CTAs write, its phases, and a line naming it."""
+    if spec.model.sparse:
+        x = make_sparse_inputs(spec, [t] * b, [l] * b, spec.model.index_topk, shared=args.shared, window=256,
+                               device="cuda")
+        lists = torch.full_like(x.topk_indices, -1) if args.empty_lists else x.topk_indices
+        size = mod.sparse_workspace_bytes(x.base.q.shape[0], b)
+        trace, workspace = traced_workspace(size)
+        step = mod.prepare_sparse(x.base.qo_indptr, lists, x.base.op_mask, workspace=workspace)
+        what = "lists of -1 only" if args.empty_lists else f"union rows per request {x.union_sizes()}"
+        return lambda: step.verify(x.base.q, x.base.kv_cache, x.base.stored_k_tree, **x.base.kv_kwargs), \
+            trace, SPARSE_PHASES, what
+    x = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
+    tree = None if t == 1 else x.op_mask
+    trace, workspace = traced_workspace(mod.workspace_bytes(x.q.shape[0], b))
+    step = Step(mod._ctx, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, tree, x.q.shape[0], workspace,
+                schedule_table=not args.no_table)
+    call = (lambda: step.prefix(x.q, x.kv_cache, **x.kv_kwargs)) if t == 1 else \
+        (lambda: step.verify(x.q, x.kv_cache, x.stored_k_tree, **x.kv_kwargs))
+    return call, trace, PHASES, "without a schedule table" if args.no_table else "with a schedule table"
+
+
+def traced_workspace(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The trace (int64 words) and a workspace of `size` bytes just past it: KGEN_TRACE writes
+    before part_o, which starts the workspace."""
+    traced = torch.zeros(TRACE_BYTES + size, dtype=torch.uint8, device="cuda")
+    return traced[:TRACE_BYTES].view(torch.int64), traced[TRACE_BYTES:]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--spec", default="specs/glm5_sm120.yaml")
-    ap.add_argument("--shape", default="1,16,64", help="B,T,L (T = 1: a prefix call, else verify)")
+    ap.add_argument("--spec", default="specs/glm5_sm120.yaml", help="a sparse spec traces the sparse verify")
+    ap.add_argument("--shape", default="1,16,64", help="B,T,L (dense T = 1: a prefix call, else verify)")
     ap.add_argument("--tiles", default=None, help="a tiling instead of the plan's (e.g. seesaw:32,4,1)")
     ap.add_argument("--no-table", action="store_true", help="a step without schedule tables (as one-shot ops run)")
+    ap.add_argument("--shared", type=float, default=0.7, help="sparse: the share of K every token of a request lists")
+    ap.add_argument("--empty-lists", action="store_true", help="sparse: lists of -1 only (the fixed costs)")
     args = ap.parse_args()
     render.headers = traced_headers()
     spec = kgen.load_spec(args.spec)
     b, t, l = (int(x) for x in args.shape.split(","))
     mod = kgen.jit(spec, tiles=designs.parse(args.tiles) if args.tiles else None)
-    x = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
-    tree = None if t == 1 else x.op_mask
-    size = mod.workspace_bytes(x.q.shape[0], b)
-    traced = torch.zeros(TRACE_BYTES + size, dtype=torch.uint8, device="cuda")
-    trace = traced[:TRACE_BYTES].view(torch.int64)  # just before the workspace, where KGEN_TRACE writes
-    step = Step(mod._ctx, x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, tree, x.q.shape[0],
-                traced[TRACE_BYTES:], schedule_table=not args.no_table)
-    call = (lambda: step.prefix(x.q, x.kv_cache, **x.kv_kwargs)) if t == 1 else \
-        (lambda: step.verify(x.q, x.kv_cache, x.stored_k_tree, **x.kv_kwargs))
-    call()  # the first call loads the cubins and writes the step's schedule table
+    call, trace, phases, what = traced_call(mod, spec, args, b, t, l)
+    call()  # loads the cubins (and writes a dense step's schedule table)
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     trace.zero_()
     begin.record()
     call()
     end.record()
     torch.cuda.synchronize()
-    print(f"{args.spec} {args.shape} {args.tiles or 'plan'}{' without a schedule table' if args.no_table else ''}")
-    print("\n".join(summary(trace, begin.elapsed_time(end) * 1e3)))
+    print(f"{args.spec} {args.shape} {args.tiles or 'plan'}, {what}")
+    print("\n".join(summary(trace, begin.elapsed_time(end) * 1e3, phases)))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@
 #   e4m3_probe       the e4m3 defect: single-key logits and their per-row pattern, both plans (~40 s)
 #   cta_trace        19: per-CTA timelines (start, work item found, attend done) of the verify kernel at B1 T16
 #                    L = 64, 4096, 131072 and of the seesaw loop at L = 64 (bench/cta_trace.py; ~1 min)
+#   sparse_trace     21: per-CTA timelines of the sparse verify (schedule, key list, Q, listed keys, tree,
+#                    partial state) at B1 L131072 T16 (real and empty lists), T1, B8 (~1 min)
 #   sparse_diag      21: B=1 L=131072 T=16 per-kernel times, anatomy, and ncu (full set, per-SASS stall
 #                    samples as CSV) of the union kernel on real, all-shared and empty lists, and gather
 set -uo pipefail
@@ -76,6 +78,10 @@ compute_t64,compute_b8_t64,small,small_b32,memory,h16_compute,h16_b16_t33
     cta_trace) for shape in 1,16,64 1,16,4096 1,16,131072; do
             step "cta_trace_$shape" 60 python3 -m bench.cta_trace --shape "$shape"; done
         step cta_trace_seesaw 60 python3 -m bench.cta_trace --shape 1,16,64 --tiles seesaw:32,4,1 ;;
+    sparse_trace) for shape in 1,16,131072 1,1,131072 8,16,131072; do
+            step "sparse_trace_$shape" 60 python3 -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape "$shape"; done
+        step sparse_trace_empty 60 python3 -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072 \
+            --empty-lists ;;
     sparse_diag) sp=(python3 -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072)
         step sparse_kernels 60 "${sp[@]}" --kernels
         step sparse_kernels_gather 60 "${sp[@]}" --kernels --gather

@@ -182,7 +182,8 @@ def test_warm_plans_what_the_gpu_tests_load():
 def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_checkout_alone(tmp_path, monkeypatch):
     """bench/cta_trace.py patches copies of the attention headers: its anchors must still be there,
     and the traced verify kernels must compile (NVRTC, sm_90) with their points' timer and clock reads:
-    5 in the seesaw loop (the sm_90 plan), 8 in the mma.sync loop (the sm_120 plan)."""
+    5 in the seesaw loop (the sm_90 plan), 8 in the mma.sync loop (the sm_120 plan) and in the sparse
+    verify kernel of both plans (on the mma.sync loop)."""
     from bench import cta_trace
     from kgen import render, sass
     from kgen.build import build_variant
@@ -191,14 +192,17 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
 
     plain = render.headers()
     traced = cta_trace.traced_headers()()
-    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 7
+    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 11
     assert not any("KGEN_TRACE" in text for text in plain.values())
     assert render.headers() == plain  # the checkout's headers are untouched
     monkeypatch.setattr(render, "headers", cta_trace.traced_headers())
     spec = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_sm120.yaml")
-    for arch, points in (("sm_90", 5), ("sm_120", 8)):
-        disasm = sass.dump(build_variant(plan(spec, arch).variant("verify_attn"), "sm_90", KernelCache(tmp_path)).cubin)
-        assert disasm.count("GLOBALTIMER") == points and disasm.count("SR_CLOCK") >= points, arch
+    sparse = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_dsa_sm120.yaml")
+    for spec, kernel, arch, points in ((spec, "verify_attn", "sm_90", 5), (spec, "verify_attn", "sm_120", 8),
+                                       (sparse, "sparse_verify_attn", "sm_90", 8),
+                                       (sparse, "sparse_verify_attn", "sm_120", 8)):
+        disasm = sass.dump(build_variant(plan(spec, arch).variant(kernel), "sm_90", KernelCache(tmp_path)).cubin)
+        assert disasm.count("GLOBALTIMER") == points and disasm.count("SR_CLOCK") >= points, (kernel, arch)
 
 
 def test_cta_trace_summary_reads_each_ctas_points():
@@ -217,6 +221,21 @@ def test_cta_trace_summary_reads_each_ctas_points():
     assert lines[2].endswith("(start -> exit): median 3500.00, max 3500.00")
     assert lines[3] == "attend (item -> attended), us: median 7.00, max 7.00"
     assert lines[4] == "last CTA done, us after the first start: 12.00"
+
+
+def test_cta_trace_summary_splits_the_sparse_verifys_phases():
+    from bench.cta_trace import SPARSE_PHASES, summary
+
+    us = 1000  # global timer ns per us
+    #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 listed keys, 6 tree, 7 list built; then the 8 clocks
+    row = [1 * us, 2 * us, 30 * us, 0, 14 * us, 24 * us, 26 * us, 12 * us] + [1] * 8
+    lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 31.0, SPARSE_PHASES)
+    assert lines[4:10] == ["  schedule, us: median 1.00, max 1.00",
+                           "  key list (scan, set, flush), us: median 10.00, max 10.00",
+                           "  Q to registers, us: median 2.00, max 2.00",
+                           "  listed keys, us: median 10.00, max 10.00",
+                           "  tree, us: median 2.00, max 2.00",
+                           "  partial state, us: median 4.00, max 4.00"]
 
 
 def test_cta_trace_summary_splits_the_phases_of_the_mma_sync_loop():
