@@ -7,9 +7,10 @@ shapes timed on the GPU present, its fp8 conversion rate, and optionally ncu's p
 Variants (VARIANTS) are plans of the shipped specs: the sm_120 plan compiled for this GPU, the
 planner's plan for it, tile variants and the two fp8 precisions. Shapes (SHAPES) are compute-bound
 (long prefixes, verify), memory-bound (decode) and small ones. Every variant is first checked
-against the float64 reference on a small batch; times are CUDA-graph replays over rotated input
-sets (bench/timing.py). --ncu profiles one call of NCU_PAIRS each under ncu (a child process per
-pair: `ncu --clock-control none --metrics NCU_METRICS`) and stores the counters with the row.
+against the float64 reference on a small batch; times are CUDA-graph replays of prepared steps'
+calls over rotated input sets (bench/timing.py), as bench.run times them. --ncu profiles one call
+of NCU_PAIRS each under ncu (a child process per pair: `ncu --clock-control none --metrics
+NCU_METRICS`) and stores the counters with the row.
 The JSON is rewritten after every row, so a run cut short keeps what it measured.
 """
 
@@ -105,9 +106,13 @@ def inputs(mod, shape: tuple[int, int, int, int], sets: int, gen):
 
 
 def one_call(mod, x, decode: bool):
+    """A layer's call of a prepared step over input set x, as a server runs it (and as bench.run
+    times it): the step and its schedule tables made once, here, outside the timed replays."""
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, None if decode else x.op_mask,
+                       num_tokens=x.q.shape[0])
     if decode:
-        return partial(mod.prefix_attention, *x.prefix_args(), **x.kv_kwargs)
-    return partial(mod.verify_attention, *x.verify_args(), **x.kv_kwargs)
+        return partial(step.prefix, x.q, x.kv_cache, **x.kv_kwargs)
+    return partial(step.verify, x.q, x.kv_cache, x.stored_k_tree, **x.kv_kwargs)
 
 
 def check(mod, gen) -> None:
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     copy_tbps = copy_bandwidth(dev)[0]
     result = {"device": props.name, "sm_count": props.multi_processor_count, "kgen": kgen.__version__,
-              "timing": "cuda-graph replay over rotated input sets",
+              "timing": "cuda-graph replay of prepared steps over rotated input sets",
               "ceilings": {"copy_tbps": copy_tbps, "mma_tflops": mma_rate(dev)[0],
                            "cvt_lanes_per_s_per_sm": cvt_rate(dev)},
               "rows": [], "failed": []}
