@@ -105,11 +105,12 @@ def inputs(mod, shape: tuple[int, int, int, int], sets: int, gen):
     return [make_verify_inputs(mod.spec, [t] * b, [length] * b, generator=gen, device="cuda") for _ in range(sets)]
 
 
-def one_call(mod, x, decode: bool):
+def one_call(mod, x, decode: bool, workspace=None):
     """A layer's call of a prepared step over input set x, as a server runs it (and as bench.run
-    times it): the step and its schedule tables made once, here, outside the timed replays."""
+    times it): the step and its schedule tables made once, here, outside the timed replays; the
+    sets of a shape share one workspace, as a server's layers do."""
     step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, None if decode else x.op_mask,
-                       num_tokens=x.q.shape[0])
+                       num_tokens=x.q.shape[0], workspace=workspace)
     if decode:
         return partial(step.prefix, x.q, x.kv_cache, **x.kv_kwargs)
     return partial(step.verify, x.q, x.kv_cache, x.stored_k_tree, **x.kv_kwargs)
@@ -136,7 +137,8 @@ def time_shape(mod, shape, gen) -> tuple[float, int]:
     kv = b * length * kvrows.row_bytes(mod.spec)
     sets = int(max(2, min(16, math.ceil(4 * L2_BYTES / kv), MAX_SET_BYTES // max(kv, 1))))
     xs = inputs(mod, shape, sets, gen)
-    us = time_rotation([one_call(mod, x, t == 1) for x in xs])
+    workspace = torch.empty(mod.workspace_bytes(xs[0].q.shape[0], b), dtype=torch.uint8, device="cuda")
+    us = time_rotation([one_call(mod, x, t == 1, workspace) for x in xs])
     del xs
     torch.cuda.empty_cache()
     return us, sets

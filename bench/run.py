@@ -285,10 +285,15 @@ def measure_shape(shape: Shape, spec, mod, fwd, ceilings, *, graph: bool, sets: 
     def calls(op):
         """A layer's call of each input set's prepared step, as a server runs them (the step, and its
         schedule tables, made once per batch; a call per layer); tree keys as the cache stores them,
-        as a server passes an fp8 op (VerifyInputs.stored_k_tree)."""
-        steps = [mod._one_call(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask,
-                               num_tokens=x.q.shape[0]) if one_shot else
-                 mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask, num_tokens=x.q.shape[0])
+        as a server passes an fp8 op (VerifyInputs.stored_k_tree). The sets' steps share one
+        workspace, as a server's layers share their batch's step (and as the peers share theirs): the
+        partial states of one call are written over the previous call's."""
+        rows = inputs[0].q.shape[0]
+        workspace = torch.empty(mod.workspace_bytes(rows, shape.B), dtype=torch.uint8, device=device)
+        steps = [mod._one_call(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask, num_tokens=rows,
+                               workspace=workspace) if one_shot else
+                 mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask, num_tokens=rows,
+                             workspace=workspace)
                  for x in inputs]
         if op == "verify":
             return [lambda s=s, x=x, k=x.stored_k_tree, o=o: s.verify(x.q, x.kv_cache, k, **x.kv_kwargs, out=o[0],

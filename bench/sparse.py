@@ -88,7 +88,11 @@ def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
                                            device=device) for _ in range(sets - 1)]
     row["sets"] = sets
     for name, union in (("union", True), ("gather", False)):
-        steps = [mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=union) for x in inputs]
+        # one workspace for every set's step, as a server's layers share their batch's (bench.run's calls)
+        workspace = torch.empty(mod.sparse_workspace_bytes(first.base.q.shape[0], b, union), dtype=torch.uint8,
+                                device=device)
+        steps = [mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=union,
+                                    workspace=workspace) for x in inputs]
         outs = [x.base.outputs() for x in inputs]
         if check:
             s, x, (o, lse) = steps[0], inputs[0], outs[0]
@@ -138,7 +142,10 @@ def anatomy(mod, shape, *, device) -> dict:
     row = {"shape": list(shape)}
     for what, inputs in variants.items():
         for name, union in (("union", True), ("gather", False)):
-            steps = [mod.prepare_sparse(x.base.qo_indptr, k, x.base.op_mask, union=union) for x, k in inputs]
+            workspace = torch.empty(mod.sparse_workspace_bytes(real[0].base.q.shape[0], b, union), dtype=torch.uint8,
+                                    device=device)
+            steps = [mod.prepare_sparse(x.base.qo_indptr, k, x.base.op_mask, union=union, workspace=workspace)
+                     for x, k in inputs]
             outs = [x.base.outputs() for x, _ in inputs]
             row[f"{name} {what}"] = round(time_rotation(
                 [lambda s=s, x=x, o=o, k=x.base.stored_k_tree: s.verify(x.base.q, x.base.kv_cache, k,

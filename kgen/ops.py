@@ -78,9 +78,9 @@ class Module:
         return Step(self._ctx, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace)
 
     def _one_call(self, qo_indptr, kv_indptr=None, kv_indices=None, kv_lens=None, tree_mask=None, *,
-                  num_tokens: int) -> Step:
+                  num_tokens: int, workspace: torch.Tensor | None = None) -> Step:
         """A step for one call: no schedule table (its launch would not pay for itself)."""
-        return Step(self._ctx, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, None,
+        return Step(self._ctx, qo_indptr, kv_indptr, kv_indices, kv_lens, tree_mask, num_tokens, workspace,
                     schedule_table=False)
 
     def workspace_bytes(self, num_tokens: int, batch: int) -> int:

@@ -255,7 +255,8 @@ def test_cta_trace_summary_splits_the_phases_of_the_mma_sync_loop():
 
 def test_model_validate_times_prepared_steps_as_bench_run_does():
     """The model is fitted on what a server calls: a step prepared once per input set (outside the
-    timed replays), then its verify (tree keys as the cache stores them) or, for decode, its prefix."""
+    timed replays; the sets' steps in the workspace given), then its verify (tree keys as the cache
+    stores them) or, for decode, its prefix."""
     from types import SimpleNamespace
 
     from bench.model_validate import one_call
@@ -272,9 +273,9 @@ def test_model_validate_times_prepared_steps_as_bench_run_does():
     mod = SimpleNamespace(prepare=lambda *args, **kw: made.append((args, kw)) or Step())
     x = SimpleNamespace(qo_indptr="qo", kv_indptr="kvp", kv_indices="kvi", kv_lens="lens", op_mask="mask",
                         q=torch.zeros(48, 1), kv_cache="cache", stored_k_tree="stored", kv_kwargs={"kv_scale": 0.5})
-    verify, decode = one_call(mod, x, decode=False), one_call(mod, x, decode=True)
-    assert made == [(("qo", "kvp", "kvi", "lens", "mask"), {"num_tokens": 48}),
-                    (("qo", "kvp", "kvi", "lens", None), {"num_tokens": 48})] and ran == []
+    verify, decode = one_call(mod, x, decode=False, workspace="shared"), one_call(mod, x, decode=True)
+    assert made == [(("qo", "kvp", "kvi", "lens", "mask"), {"num_tokens": 48, "workspace": "shared"}),
+                    (("qo", "kvp", "kvi", "lens", None), {"num_tokens": 48, "workspace": None})] and ran == []
     verify()
     decode()
     assert ran == [("verify", (x.q, "cache", "stored"), {"kv_scale": 0.5}),
