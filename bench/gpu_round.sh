@@ -23,6 +23,9 @@
 #   e4m3_probe       the e4m3 defect: single-key logits and their per-row pattern, both plans (~40 s)
 #   cta_trace        19: per-CTA timelines (start, work item found, attend done) of the verify kernel at B1 T16
 #                    L = 64, 4096, 131072 and of the seesaw loop at L = 64 (bench/cta_trace.py; ~1 min)
+#   pdl_dense        19: v29's dense PDL miss: the tree against a copy whose dense combine is launched
+#                    programmatically (and whose prefix_attention triggers after its loop), B1 L4096-16384,
+#                    B2 L4096, B4 L8192, twice each (~90 s)
 #   sparse_trace     21: per-CTA timelines of the sparse verify (schedule, key list, Q, listed keys, tree,
 #                    partial state) at B1 L131072 T16 (real and empty lists), T1, B8 (~1 min)
 #   sparse_diag      21: B=1 L=131072 T=16 per-kernel times, anatomy, and ncu (full set, per-SASS stall
@@ -78,6 +81,17 @@ compute_t64,compute_b8_t64,small,small_b32,memory,h16_compute,h16_b16_t33
     cta_trace) for shape in 1,16,64 1,16,4096 1,16,131072; do
             step "cta_trace_$shape" 60 python3 -m bench.cta_trace --shape "$shape"; done
         step cta_trace_seesaw 60 python3 -m bench.cta_trace --shape 1,16,64 --tiles seesaw:32,4,1 ;;
+    pdl_dense) rm -rf /tmp/pdl && mkdir -p /tmp/pdl && cp -r kgen templates bench specs /tmp/pdl/
+        sed -i 's/c.tiles.bm, overlaps_attention=False/c.tiles.bm, overlaps_attention=True/' /tmp/pdl/kgen/kernels.py
+        python3 -c "import sys; p = sys.argv[1]; s = open(p).read(); a = 'o, lse);\n    }\n}\n'; assert s.count(a) == 1
+open(p, 'w').write(s.replace(a, 'o, lse);\n    }\n    launch_dependents();\n}\n'))" /tmp/pdl/templates/attention_kernels.cuh
+        ab=(python3 -m bench.run --shapes 1x4096x16x8,1x8192x16x8,1x12288x16x8,1x16384x16x8,2x4096x16x8,4x8192x16x8
+            --page-size 64 --no-triton --peers none --no-halves)
+        for i in 1 2; do
+            step "pdl_off_$i" 90 "${ab[@]}" --out "$logs/pdl_off_$i"
+            (cd /tmp/pdl && step "pdl_on_$i" 90 env PYTHONPATH="/tmp/site:/tmp/pdl" KGEN_CACHE_DIR=/tmp/kc_pdl \
+                "${ab[@]}" --out "$logs/pdl_on_$i")
+        done ;;
     sparse_trace) for shape in 1,16,131072 1,1,131072 8,16,131072; do
             step "sparse_trace_$shape" 60 python3 -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape "$shape"; done
         step sparse_trace_empty 60 python3 -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072 \
