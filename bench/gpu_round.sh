@@ -26,6 +26,8 @@
 #   pdl_dense        19: v29's dense PDL miss: the tree against a copy whose dense combine is launched
 #                    programmatically (and whose prefix_attention triggers after its loop), B1 L4096-16384,
 #                    B2 L4096, B4 L8192, twice each (~90 s)
+#   host             19, 21: host us per call (bench.host) of the dense verify and the sparse verify (whose
+#                    combine goes through cuLaunchKernelEx since v29) (~60 s)
 #   sparse_trace     21: per-CTA timelines of the sparse verify (schedule, key list, Q, listed keys, tree,
 #                    partial state) at B1 L131072 T16 (real and empty lists), T1, B8 (~1 min)
 #   sparse_diag      21: B=1 L=131072 T=16 per-kernel times, anatomy, and ncu (full set, per-SASS stall
@@ -92,6 +94,9 @@ open(p, 'w').write(s.replace(a, 'o, lse);\n    }\n    launch_dependents();\n}\n'
             (cd /tmp/pdl && step "pdl_on_$i" 90 env PYTHONPATH="/tmp/site:/tmp/pdl" KGEN_CACHE_DIR=/tmp/kc_pdl \
                 "${ab[@]}" --out "$logs/pdl_on_$i")
         done ;;
+    host) step host_dense 90 python3 -m bench.host --out "$out"
+          step host_sparse 90 python3 -m bench.host --spec specs/glm5_dsa_sm120.yaml \
+              --shapes 1,16,131072 1,1,131072 8,16,131072 --out "$out" ;;
     sparse_trace) for shape in 1,16,131072 1,1,131072 8,16,131072; do
             step "sparse_trace_$shape" 60 python3 -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape "$shape"; done
         step sparse_trace_empty 60 python3 -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072 \

@@ -2,6 +2,7 @@
 per verify call, next to how long the GPU takes for it.
 
     python -m bench.host [--spec specs/glm5_sm120.yaml] [--shapes 1,16,4096 8,16,32768] [--out DIR]
+    python -m bench.host --spec specs/glm5_dsa_sm120.yaml --shapes 1,16,131072   # sparse_verify_attention
 
 For each shape (B requests x T tree tokens x L prefix tokens, the spec's heads) and each way of
 calling it:
@@ -12,12 +13,14 @@ the first two with out= given and lse allocated ("out", as the SGLang backend ca
 with both allocated ("alloc"). Host µs per call is
 time.perf_counter around `--calls` back-to-back calls with no sync inside, the GPU held busy
 first (torch.cuda._sleep) so that every call only enqueues; the median of `--rounds` rounds.
-GPU µs is the prepared call replayed in a CUDA graph over rotated input sets (kgen/timing.py);
+GPU µs is the prepared call replayed in a CUDA graph over rotated input sets (kgen/timing.py; their
+steps in one workspace);
 eager µs is the wall time per call of back-to-back prepared calls up to a final sync.
 
-Prints a table and writes <out>/host-<spec>-<time>.json. Targets on the H200 (issue 12), for the
-worst shape: prepared (out=) <= 15 µs, one-shot (out=) <= 40 µs, torch.ops <= 50 µs; exit code 1
-if one is missed.
+A sparse spec (model.index_topk) times sparse_verify_attention the same ways, over lists shaped
+like an indexer's. Prints a table and writes <out>/host-<spec>-<time>.json. Targets on the H200
+(issue 12), for the worst shape: prepared (out=) <= 15 µs, one-shot (out=) <= 40 µs, torch.ops
+<= 50 µs; exit code 1 if one is missed.
 """
 
 from __future__ import annotations
@@ -70,9 +73,30 @@ def eager_us(call, *, calls: int, rounds: int) -> float:
 
 
 def measure(mod, shape: tuple[int, int, int], *, calls: int, rounds: int, device) -> dict:
-    from kgen.inputs import make_verify_inputs
-
     from kgen.timing import time_rotation
+
+    b, t, length = shape
+    modes, rotated = (sparse_calls if mod.spec.model.sparse else dense_calls)(mod, shape, device)
+    row = dict(B=b, T=t, L=length, H=mod.spec.model.num_q_heads)
+    for name, call in modes.items():
+        call()  # first calls pack parameter blocks and warm the allocator
+        row[name] = host_us(call, calls=calls, rounds=rounds)
+    row["eager_us"] = eager_us(modes["prepared_out"], calls=calls, rounds=rounds)
+    row["gpu_us"] = time_rotation(rotated)
+    row["sets"] = len(rotated)
+    return row
+
+
+def set_count(kv_bytes: int, device) -> int:
+    """Rotated input sets for the GPU time: together L2_ROTATIONS times the L2 (at most 16)."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (60 << 20)
+    return max(1, min(16, math.ceil(L2_ROTATIONS * l2 / max(1, kv_bytes))))
+
+
+def dense_calls(mod, shape, device):
+    """The modes' calls of one input set, and prepared calls over rotated sets (their steps in one
+    workspace, as a server's layers share their batch's step)."""
+    from kgen.inputs import make_verify_inputs
 
     b, t, length = shape
     x = make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
@@ -87,23 +111,50 @@ def measure(mod, shape: tuple[int, int, int], *, calls: int, rounds: int, device
         "oneshot_alloc": lambda: mod.verify_attention(*x.verify_args(), **kw),
         "torch_op": lambda: torch.ops.kgen.verify_attention(*x.verify_args(), mod.spec.name, x.kv_scale),
     }
-    row = dict(B=b, T=t, L=length, H=mod.spec.model.num_q_heads)
-    for name, call in modes.items():
-        call()  # first calls pack parameter blocks and warm the allocator
-        row[name] = host_us(call, calls=calls, rounds=rounds)
-    row["eager_us"] = eager_us(modes["prepared_out"], calls=calls, rounds=rounds)
-
-    kv_bytes = max(1, b * length * mod.spec.model.head_dim * x.kv_cache.element_size())
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (60 << 20)
+    kv_bytes = b * length * mod.spec.model.head_dim * x.kv_cache.element_size()
     sets = [x] + [make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
-                  for _ in range(min(15, math.ceil(L2_ROTATIONS * l2 / kv_bytes)) - 1)]
-    steps = [mod.prepare(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens, s.op_mask) for s in sets]
+                  for _ in range(set_count(kv_bytes, device) - 1)]
+    workspace = torch.empty(mod.workspace_bytes(x.q.shape[0], b), dtype=torch.uint8, device=device)
+    steps = [mod.prepare(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens, s.op_mask, workspace=workspace)
+             for s in sets]
     outs = [s.outputs() for s in sets]
-    row["gpu_us"] = time_rotation([lambda s=s, st=st, o=o: st.verify(s.q, s.kv_cache, s.k_tree, **s.kv_kwargs,
-                                                                        out=o[0], lse=o[1])
-                                   for s, st, o in zip(sets, steps, outs)])
-    row["sets"] = len(sets)
-    return row
+    return modes, [lambda s=s, st=st, o=o: st.verify(s.q, s.kv_cache, s.k_tree, **s.kv_kwargs, out=o[0], lse=o[1])
+                   for s, st, o in zip(sets, steps, outs)]
+
+
+def sparse_calls(mod, shape, device):
+    """dense_calls' modes and rotated calls for a sparse spec: sparse_verify_attention over lists
+    shaped like an indexer's (bench/sparse.py's: 70% of K shared by a request's tokens)."""
+    from kgen import kvrows
+    from kgen.sparse_testing import make_sparse_inputs
+
+    b, t, length = shape
+    width = mod.spec.model.index_topk
+
+    def inputs():
+        return make_sparse_inputs(mod.spec, [t] * b, [length] * b, width, shared=0.7, window=256, device=device)
+
+    x = inputs()
+    v = x.base
+    out, _ = v.outputs()
+    step = mod.prepare_sparse(v.qo_indptr, x.topk_indices, v.op_mask)
+    layer = (v.q, v.kv_cache, v.k_tree)
+    kw = v.kv_kwargs
+    modes = {
+        "prepared_out": lambda: step.verify(*layer, **kw, out=out),
+        "prepared_alloc": lambda: step.verify(*layer, **kw),
+        "oneshot_out": lambda: mod.sparse_verify_attention(*x.args(), **kw, out=out),
+        "oneshot_alloc": lambda: mod.sparse_verify_attention(*x.args(), **kw),
+        "torch_op": lambda: torch.ops.kgen.sparse_verify_attention(*x.args(), mod.spec.name, v.kv_scale),
+    }
+    listed_bytes = b * t * width * kvrows.row_bytes(mod.spec)  # at most: the union reads fewer rows
+    sets = [x] + [inputs() for _ in range(set_count(listed_bytes, device) - 1)]
+    workspace = torch.empty(mod.sparse_workspace_bytes(v.q.shape[0], b), dtype=torch.uint8, device=device)
+    steps = [mod.prepare_sparse(s.base.qo_indptr, s.topk_indices, s.base.op_mask, workspace=workspace) for s in sets]
+    outs = [s.base.outputs() for s in sets]
+    return modes, [lambda s=s.base, st=st, o=o: st.verify(s.q, s.kv_cache, s.k_tree, **s.kv_kwargs, out=o[0],
+                                                          lse=o[1])
+                   for s, st, o in zip(sets, steps, outs)]
 
 
 def table(rows: list[dict], title: str):
