@@ -93,6 +93,28 @@ def set_count(kv_bytes: int, device) -> int:
     return max(1, min(16, math.ceil(L2_ROTATIONS * l2 / max(1, kv_bytes))))
 
 
+def call_modes(mod, step, v, op: str, args: tuple) -> dict:
+    """The MODES' calls of one layer over verify inputs v: the prepared `step`, the module's
+    one-shot `op` and its torch custom op (both on one-shot arguments `args`)."""
+    layer, kw = (v.q, v.kv_cache, v.k_tree), v.kv_kwargs
+    out, _ = v.outputs()
+    one_shot, torch_op = getattr(mod, op), getattr(torch.ops.kgen, op)
+    return {
+        "prepared_out": lambda: step.verify(*layer, **kw, out=out),
+        "prepared_alloc": lambda: step.verify(*layer, **kw),
+        "oneshot_out": lambda: one_shot(*args, **kw, out=out),
+        "oneshot_alloc": lambda: one_shot(*args, **kw),
+        "torch_op": lambda: torch_op(*args, mod.spec.name, v.kv_scale),
+    }
+
+
+def rotated_calls(steps, sets) -> list:
+    """A prepared call per rotated input set (VerifyInputs), outputs given, for the GPU time."""
+    outs = [v.outputs() for v in sets]
+    return [lambda v=v, st=st, o=o: st.verify(v.q, v.kv_cache, v.k_tree, **v.kv_kwargs, out=o[0], lse=o[1])
+            for v, st, o in zip(sets, steps, outs)]
+
+
 def dense_calls(mod, shape, device):
     """The modes' calls of one input set, and prepared calls over rotated sets (their steps in one
     workspace, as a server's layers share their batch's step)."""
@@ -100,26 +122,15 @@ def dense_calls(mod, shape, device):
 
     b, t, length = shape
     x = make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
-    out, _ = x.outputs()
     step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)
-    layer = (x.q, x.kv_cache, x.k_tree)
-    kw = x.kv_kwargs
-    modes = {
-        "prepared_out": lambda: step.verify(*layer, **kw, out=out),
-        "prepared_alloc": lambda: step.verify(*layer, **kw),
-        "oneshot_out": lambda: mod.verify_attention(*x.verify_args(), **kw, out=out),
-        "oneshot_alloc": lambda: mod.verify_attention(*x.verify_args(), **kw),
-        "torch_op": lambda: torch.ops.kgen.verify_attention(*x.verify_args(), mod.spec.name, x.kv_scale),
-    }
+    modes = call_modes(mod, step, x, "verify_attention", x.verify_args())
     kv_bytes = b * length * mod.spec.model.head_dim * x.kv_cache.element_size()
     sets = [x] + [make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
                   for _ in range(set_count(kv_bytes, device) - 1)]
     workspace = torch.empty(mod.workspace_bytes(x.q.shape[0], b), dtype=torch.uint8, device=device)
     steps = [mod.prepare(s.qo_indptr, s.kv_indptr, s.kv_indices, s.kv_lens, s.op_mask, workspace=workspace)
              for s in sets]
-    outs = [s.outputs() for s in sets]
-    return modes, [lambda s=s, st=st, o=o: st.verify(s.q, s.kv_cache, s.k_tree, **s.kv_kwargs, out=o[0], lse=o[1])
-                   for s, st, o in zip(sets, steps, outs)]
+    return modes, rotated_calls(steps, sets)
 
 
 def sparse_calls(mod, shape, device):
@@ -135,26 +146,13 @@ def sparse_calls(mod, shape, device):
         return make_sparse_inputs(mod.spec, [t] * b, [length] * b, width, shared=0.7, window=256, device=device)
 
     x = inputs()
-    v = x.base
-    out, _ = v.outputs()
-    step = mod.prepare_sparse(v.qo_indptr, x.topk_indices, v.op_mask)
-    layer = (v.q, v.kv_cache, v.k_tree)
-    kw = v.kv_kwargs
-    modes = {
-        "prepared_out": lambda: step.verify(*layer, **kw, out=out),
-        "prepared_alloc": lambda: step.verify(*layer, **kw),
-        "oneshot_out": lambda: mod.sparse_verify_attention(*x.args(), **kw, out=out),
-        "oneshot_alloc": lambda: mod.sparse_verify_attention(*x.args(), **kw),
-        "torch_op": lambda: torch.ops.kgen.sparse_verify_attention(*x.args(), mod.spec.name, v.kv_scale),
-    }
+    step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
+    modes = call_modes(mod, step, x.base, "sparse_verify_attention", x.args())
     listed_bytes = b * t * width * kvrows.row_bytes(mod.spec)  # at most: the union reads fewer rows
     sets = [x] + [inputs() for _ in range(set_count(listed_bytes, device) - 1)]
-    workspace = torch.empty(mod.sparse_workspace_bytes(v.q.shape[0], b), dtype=torch.uint8, device=device)
+    workspace = torch.empty(mod.sparse_workspace_bytes(x.base.q.shape[0], b), dtype=torch.uint8, device=device)
     steps = [mod.prepare_sparse(s.base.qo_indptr, s.topk_indices, s.base.op_mask, workspace=workspace) for s in sets]
-    outs = [s.base.outputs() for s in sets]
-    return modes, [lambda s=s.base, st=st, o=o: st.verify(s.q, s.kv_cache, s.k_tree, **s.kv_kwargs, out=o[0],
-                                                          lse=o[1])
-                   for s, st, o in zip(sets, steps, outs)]
+    return modes, rotated_calls(steps, [s.base for s in sets])
 
 
 def table(rows: list[dict], title: str):
