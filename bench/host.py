@@ -88,9 +88,9 @@ def measure(mod, shape: tuple[int, int, int], *, calls: int, rounds: int, device
 
 
 def set_count(kv_bytes: int, device) -> int:
-    """Rotated input sets for the GPU time: together L2_ROTATIONS times the L2 (at most 16)."""
+    """Rotated input sets for the GPU time: together L2_ROTATIONS times the L2 (at most 15)."""
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or (60 << 20)
-    return max(1, min(16, math.ceil(L2_ROTATIONS * l2 / max(1, kv_bytes))))
+    return max(1, min(15, math.ceil(L2_ROTATIONS * l2 / max(1, kv_bytes))))
 
 
 def call_modes(mod, step, v, op: str, args: tuple) -> dict:

@@ -221,6 +221,7 @@ def test_the_combine_waits_for_the_attention_kernel_before_it_reads_what_that_ke
     assert "req_meta" not in before.split("{", 1)[1] and "part_" not in before.split("{", 1)[1]
     assert "req_meta[b]" in after and "part_lse[" in after and "part_o +" in after
     waiting = [v for v in plan(spec_named("glm5_dsa_sm120")).variants if v.waits_for_prior]
+    assert [v.name for v in waiting] == ["sparse_combine"]
     for v in waiting:
         src = render(v)
         assert "kgen::combine_partials<" in src and "kgen/merge.cuh" in included_headers(src), v.name
