@@ -95,8 +95,10 @@ def set_count(kv_bytes: int, device) -> int:
 
 def call_modes(mod, step, v, op: str, args: tuple) -> dict:
     """The MODES' calls of one layer over verify inputs v: the prepared `step`, the module's
-    one-shot `op` and its torch custom op (both on one-shot arguments `args`)."""
-    layer, kw = (v.q, v.kv_cache, v.k_tree), v.kv_kwargs
+    one-shot `op` and its torch custom op (both on one-shot arguments `args`). The tree keys are
+    passed as the cache stores them, as SGLang's backends pass them (bf16 keys would cost an fp8
+    op a quantize per call: ~10 torch launches, ~150 us of host time for the DSA pool's rows)."""
+    layer, kw = (v.q, v.kv_cache, v.stored_k_tree), v.kv_kwargs
     out, _ = v.outputs()
     one_shot, torch_op = getattr(mod, op), getattr(torch.ops.kgen, op)
     return {
@@ -111,7 +113,8 @@ def call_modes(mod, step, v, op: str, args: tuple) -> dict:
 def rotated_calls(steps, sets) -> list:
     """A prepared call per rotated input set (VerifyInputs), outputs given, for the GPU time."""
     outs = [v.outputs() for v in sets]
-    return [lambda v=v, st=st, o=o: st.verify(v.q, v.kv_cache, v.k_tree, **v.kv_kwargs, out=o[0], lse=o[1])
+    return [lambda v=v, st=st, o=o, k=v.stored_k_tree: st.verify(v.q, v.kv_cache, k, **v.kv_kwargs, out=o[0],
+                                                                   lse=o[1])
             for v, st, o in zip(sets, steps, outs)]
 
 
@@ -123,7 +126,7 @@ def dense_calls(mod, shape, device):
     b, t, length = shape
     x = make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
     step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.op_mask)
-    modes = call_modes(mod, step, x, "verify_attention", x.verify_args())
+    modes = call_modes(mod, step, x, "verify_attention", x.verify_args(stored_tree=True))
     kv_bytes = b * length * mod.spec.model.head_dim * x.kv_cache.element_size()
     sets = [x] + [make_verify_inputs(mod.spec, [t] * b, [length] * b, device=device)
                   for _ in range(set_count(kv_bytes, device) - 1)]
@@ -147,7 +150,7 @@ def sparse_calls(mod, shape, device):
 
     x = inputs()
     step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
-    modes = call_modes(mod, step, x.base, "sparse_verify_attention", x.args())
+    modes = call_modes(mod, step, x.base, "sparse_verify_attention", x.args(stored_tree=True))
     listed_bytes = b * t * width * kvrows.row_bytes(mod.spec)  # at most: the union reads fewer rows
     sets = [x] + [inputs() for _ in range(set_count(listed_bytes, device) - 1)]
     workspace = torch.empty(mod.sparse_workspace_bytes(x.base.q.shape[0], b), dtype=torch.uint8, device=device)

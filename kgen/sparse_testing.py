@@ -23,9 +23,10 @@ class SparseInputs:
     base: VerifyInputs  # q, kv_cache, k_tree, qo_indptr, tree_mask, ... (its prefix metadata made the slots)
     topk_indices: torch.Tensor  # [sum T, K'] int32 slots, -1 = no key
 
-    def args(self) -> tuple:
+    def args(self, *, stored_tree: bool = False) -> tuple:
+        """sparse_verify_attention's tensors; `stored_tree`: the tree keys as the cache stores them."""
         b = self.base
-        return b.q, b.kv_cache, b.k_tree, b.qo_indptr, self.topk_indices, b.op_mask
+        return b.q, b.kv_cache, b.stored_k_tree if stored_tree else b.k_tree, b.qo_indptr, self.topk_indices, b.op_mask
 
     def ref(self):
         b = self.base
