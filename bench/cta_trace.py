@@ -58,8 +58,8 @@ PATCHES = {
          "    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);\n    KGEN_TRACE(7);\n"),
     ),
     "kgen/attention.cuh": (
-        ("    attend_begin<C>(smem, q_smem, st, scale_log2, kv_scale);\n",
-         "    attend_begin<C>(smem, q_smem, st, scale_log2, kv_scale);\n    KGEN_TRACE(4);\n"),
+        ("    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n",
+         "    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n    KGEN_TRACE(4);\n"),
         ("    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n",
          "    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n"
          "    KGEN_TRACE(5);\n"),

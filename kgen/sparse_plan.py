@@ -48,16 +48,14 @@ def set_bytes(table: int, warps: int) -> int:
 
 def table_entries(c: PlanContext, t: MmaSyncTiles) -> int:
     """Entries of the shared-memory hash set, the largest power of two up to MAX_TABLE whose set
-    (and the warps' queues) fits the KV ring beside the Q tile, which lands at the ring's end while
-    the set is in use (q_tile<C, true>)."""
-    layout = t.layout(c.spec)
-    room = layout["RING_BYTES"] - t.bm * layout["Q_STRIDE"]
+    (and the warps' queues) fits the KV ring."""
+    ring = t.layout(c.spec)["RING_BYTES"]
     table = MAX_TABLE
-    while set_bytes(table, t.threads // 32) > room:
+    while set_bytes(table, t.threads // 32) > ring:
         table //= 2
     if table < 1024:
-        raise PlanError(f"{c.spec.name}: the sparse hash set needs at least 1024 entries in the KV ring beside "
-                        f"the Q tile ({room} B of {layout['RING_BYTES']} B with {t.stages} stages)")
+        raise PlanError(f"{c.spec.name}: the sparse hash set needs at least 1024 entries in the KV ring "
+                        f"({ring} B with {t.stages} stages)")
     return table
 
 

@@ -189,13 +189,13 @@ __device__ __forceinline__ float4 scaled4(const char* q_row, int d, float q_div)
 // e4m3 (k = 32): register i holds 4 consecutive dims. f16 (k = 16): the k order is permuted to
 // match key_fragments' (lane q holds dims 4q .. 4q+3: k 2q, 2q+1 in a[0] and k 2q+8, 2q+9 in a[2]).
 template <class C>
-__device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* q_smem, int r, int d0, int q4,
+__device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
                                            float div_lo, float div_hi) {
-    const float4 lo = scaled4<C>(q_smem + r * C::Q_STRIDE, d0 + 4 * q4, div_lo);
-    const float4 hi = scaled4<C>(q_smem + (r + 8) * C::Q_STRIDE, d0 + 4 * q4, div_hi);
+    const float4 lo = scaled4<C>(smem + r * C::Q_STRIDE, d0 + 4 * q4, div_lo);
+    const float4 hi = scaled4<C>(smem + (r + 8) * C::Q_STRIDE, d0 + 4 * q4, div_hi);
     if constexpr (C::MMA_E4M3) {
-        const float4 lo2 = scaled4<C>(q_smem + r * C::Q_STRIDE, d0 + 16 + 4 * q4, div_lo);
-        const float4 hi2 = scaled4<C>(q_smem + (r + 8) * C::Q_STRIDE, d0 + 16 + 4 * q4, div_hi);
+        const float4 lo2 = scaled4<C>(smem + r * C::Q_STRIDE, d0 + 16 + 4 * q4, div_lo);
+        const float4 hi2 = scaled4<C>(smem + (r + 8) * C::Q_STRIDE, d0 + 16 + 4 * q4, div_hi);
         a[0] = pack_e4m3x4(lo);
         a[1] = pack_e4m3x4(hi);
         a[2] = pack_e4m3x4(lo2);
@@ -218,10 +218,10 @@ __device__ __forceinline__ unsigned scaled_bf16x2(const char* q_row, int d, floa
 // A bf16 fragment (m16n8k16, the plain k order of key_fragments_b16) of dims [d0, d0 + 16) for rows
 // r and r + 8 of the staged Q tile, scaled: a scaled row's rope k-steps.
 template <class C>
-__device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* q_smem, int r, int d0, int q4,
+__device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
                                               float div_lo, float div_hi) {
-    const char* lo = q_smem + r * C::Q_STRIDE;
-    const char* hi = q_smem + (r + 8) * C::Q_STRIDE;
+    const char* lo = smem + r * C::Q_STRIDE;
+    const char* hi = smem + (r + 8) * C::Q_STRIDE;
     a[0] = scaled_bf16x2<C>(lo, d0 + 2 * q4, div_lo);
     a[1] = scaled_bf16x2<C>(hi, d0 + 2 * q4, div_hi);
     a[2] = scaled_bf16x2<C>(lo, d0 + 8 + 2 * q4, div_lo);
@@ -233,8 +233,7 @@ __device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* q_sm
 // 448 (no value saturates); f16 divides by a power of two that puts max|q| in [2^14, 2^15)
 // (exact, far below f16's 65504).
 template <class C>
-__device__ __forceinline__ void load_q_fragments(char* smem, const char* q_smem, AttnState<C>& st, float scale_log2,
-                                                 float kv_scale) {
+__device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, float scale_log2, float kv_scale) {
     const WarpCoords w = WarpCoords::of<C>();
     st.score_scale = scale_log2;
     st.out_scale = 1.f;
@@ -244,11 +243,11 @@ __device__ __forceinline__ void load_q_fragments(char* smem, const char* q_smem,
 #pragma unroll
             for (int ks = 0; ks < C::K_STEPS; ++ks) {
                 const int r = w.wrow0 + mt * 16 + (w.lane % 16);
-                ldmatrix_x4(st.qf[mt][ks], q_smem + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
+                ldmatrix_x4(st.qf[mt][ks], smem + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
             }
     } else {
         float* q_div = reinterpret_cast<float*>(smem + C::ALPHA_OFF);  // free until the first tile
-        const char* my_row = q_smem + w.red_row * C::Q_STRIDE;
+        const char* my_row = smem + w.red_row * C::Q_STRIDE;
         float amax = 0.f;
         for (int d = (threadIdx.x % C::RED_THREADS) * 8; d < C::D; d += C::RED_THREADS * 8) {
             float v[8];
@@ -271,48 +270,35 @@ __device__ __forceinline__ void load_q_fragments(char* smem, const char* q_smem,
 #pragma unroll
             for (int ks = 0; ks < C::K_STEPS; ++ks) {
                 if (!has_step<C>(w.group, ks)) continue;
-                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], q_smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
-                else quantize_q<C>(st.qf[mt][ks], q_smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
+                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
+                else quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
             }
         }
     }
 }
 
-// Where a CTA stages its Q tile in shared memory: at the ring's start, or (QUERY_AT_END) at its end,
-// so that Q can land while the ring's start is still in other use (the sparse kernels' hash set).
-template <class C, bool QUERY_AT_END>
-__device__ __forceinline__ char* q_tile(char* smem) {
-    return smem + (QUERY_AT_END ? C::RING_BYTES - C::BM * C::Q_STRIDE : 0);
-}
-
-// Set up the ring's barriers and stage the Q tile at q_smem (the producer copies it in; rows >=
-// num_rows repeat the last row and are padding). Every thread calls it; Q lands asynchronously.
+// Set up the ring's barriers, load Q into fragments (staged through the ring: the producer copies
+// it in; rows >= num_rows repeat the last row and are padding), zero O.
+// scale_log2: softmax scale * log2(e); kv_scale: the e4m3 KV's dequantization scale (unused for bf16).
 template <class C, class QRows>
-__device__ __forceinline__ void stage_q(char* smem, char* q_smem, const QRows& q_rows, int num_rows) {
+__device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows,
+                                             float scale_log2, float kv_scale) {
     if (threadIdx.x == 0) {
         ring_init<C>(smem, 1, C::CONSUMERS);  // the producer lane 0's expect_tx; every compute thread
         mbar_init(q_full<C>(smem), 1);
         mbar_init_fence();
     }
     __syncthreads();
+    st.ring_pos = 0;
     if (is_producer<C>()) {
         const int lane = threadIdx.x % 32;
         if (lane == 0) mbar_arrive_expect_tx(q_full<C>(smem), C::BM * C::Q_ROW);
         __syncwarp();
         for (int r = lane; r < C::BM; r += 32)
-            bulk_copy(q_smem + r * C::Q_STRIDE, q_rows.row(min(r, num_rows - 1), 0), C::Q_ROW, q_full<C>(smem));
-    }
-}
-
-// Load Q into fragments once stage_q's copy of it at q_smem has landed, zero O.
-// scale_log2: softmax scale * log2(e); kv_scale: the e4m3 KV's dequantization scale (unused for bf16).
-template <class C>
-__device__ __forceinline__ void attend_begin(char* smem, const char* q_smem, AttnState<C>& st, float scale_log2,
-                                             float kv_scale) {
-    st.ring_pos = 0;
-    if (!is_producer<C>()) {
+            bulk_copy(smem + r * C::Q_STRIDE, q_rows.row(min(r, num_rows - 1), 0), C::Q_ROW, q_full<C>(smem));
+    } else {
         mbar_wait(q_full<C>(smem), 0);
-        load_q_fragments<C>(smem, q_smem, st, scale_log2, kv_scale);
+        load_q_fragments<C>(smem, st, scale_log2, kv_scale);
 #pragma unroll
         for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
@@ -706,20 +692,6 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     }
 }
 
-// attend() for a CTA whose Q tile stage_q has staged at q_smem already.
-template <class C, class First, class SecondFn>
-__device__ __forceinline__ void attend_staged(char* smem, const char* q_smem, float scale_log2, float kv_scale,
-                                              const First& first, const SecondFn& second_fn, float* __restrict__ part_o,
-                                              float* __restrict__ part_lse) {
-    AttnState<C> st;
-    attend_begin<C>(smem, q_smem, st, scale_log2, kv_scale);
-    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);
-    const auto second = second_fn();
-    if constexpr (is_key_range<decltype(second_fn())>)
-        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
-    attend_end<C>(smem, st, part_o, part_lse);
-}
-
 // Attention of the CTA's BM query rows over the key range `first`, then the range second() returns
 // (NoKeys: none; made once the first is done), one online softmax; writes the partial state to
 // part_o / part_lse. Every thread calls it.
@@ -727,8 +699,13 @@ template <class C, class QRows, class First, class SecondFn>
 __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_rows, float scale_log2, float kv_scale,
                                        const First& first, const SecondFn& second_fn, float* __restrict__ part_o,
                                        float* __restrict__ part_lse) {
-    stage_q<C>(smem, q_tile<C, false>(smem), q_rows, num_rows);
-    attend_staged<C>(smem, q_tile<C, false>(smem), scale_log2, kv_scale, first, second_fn, part_o, part_lse);
+    AttnState<C> st;
+    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);
+    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);
+    const auto second = second_fn();
+    if constexpr (is_key_range<decltype(second_fn())>)
+        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
+    attend_end<C>(smem, st, part_o, part_lse);
 }
 
 }  // namespace kgen

@@ -17,7 +17,7 @@
 //   each entry one key of one token (a slot listed by k tokens is read k times).
 // The list goes to a global scratch region per CTA (LIST_KEYS keys: a row tile's entries, which
 // bound its distinct slots), built whole before the CTA attends it as one key range (the ring is
-// busy while the keys are read); the Q tile is staged at the ring's end meanwhile, beside the set. The request's tree rides on its last split, as in verify_attn.
+// busy while the keys are read). The request's tree rides on its last split, as in verify_attn.
 #pragma once
 #include "kgen/attention_kernels.cuh"
 
@@ -399,12 +399,10 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                                  const SparseArgs& a, float* part_o, float* part_lse,
                                                  float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
-    static_assert(SlotSet<TABLE>::bytes_for(C::THREADS / 32) <= C::RING_BYTES - C::BM * C::Q_STRIDE,
-                  "the hash set and queues fit the KV ring beside the Q tile");
+    static_assert(SlotSet<TABLE>::bytes_for(C::THREADS / 32) <= C::RING_BYTES, "the hash set and queues fit the KV ring");
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const int row0 = item.row_tile * C::BM, token0 = row0 / C::HEADS, width = a.topk_width;
-    const bool last_split = item.split == item.splits - 1;
     const KeyList list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
                        reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * LIST_KEYS};
     // The item's key list, built whole (its rows are read again after: held, they spilled across the
@@ -412,9 +410,6 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     const int n = [&] {
         int count = 0;
         const ItemRows r = sparse_item_rows<C>(a, item);
-        // Q lands at the ring's end while the list is built at its start (their L2 round trips
-        // overlap: bench/NOTES.md v33).
-        stage_q<C>(smem, q_tile<C, true>(smem), QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows);
         const int tile_tokens = (row0 + min(r.rows, C::BM) - 1) / C::HEADS + 1 - token0;
         const int* lists = a.topk + (long long)(r.qo0 + token0) * width;
         if constexpr (UNION) {
@@ -460,9 +455,10 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                  static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0,
                                  min(r.rows, C::BM)};
     const KeyRange<ListRows<C::KV_ROW>, ListVisible<C>> keys{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
+    const bool last_split = item.split == item.splits - 1;
     const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
-    attend_staged<C>(smem, q_tile<C, true>(smem), scale_log2, kv_scale, keys, tree,
-                     part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
+    attend<C>(smem, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2, kv_scale,
+              keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
     // The sparse combine may launch once every CTA is here or gone (CTAs without an item): after the
     // loop, since a combine started early measured slower (bench/NOTES.md v29).
     launch_dependents();

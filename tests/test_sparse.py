@@ -55,11 +55,10 @@ def test_index_topk_makes_a_sparse_spec_and_is_checked():
 
 
 # The hash set's entries: the largest power of two whose set (8 B an entry + 136 B, and a 256-B
-# insertion queue per warp) fits the KV ring beside the Q tile (32 rows x 1168 B = 37376 B, staged at
-# the ring's end while the set is in use). sm_120's ring of the DSA pool's rows is 3 stages x 32 rows
-# x 656 B = 62976 B: 25600 B beside Q, 2048 entries (18824 B; 4096 would take 35208 B).
-TABLES = {("glm5_dsa_sm120", "sm_120"): 2048, ("glm5_dsa_sm120", "sm_90"): 4096,
-          ("glm5_dsa_bf16_sm120", "sm_120"): 4096, ("glm5_dsa_bf16_sm120", "sm_90"): MAX_TABLE}
+# insertion queue per warp) fits the KV ring. sm_120's ring of the DSA pool's rows is 3 stages x 32
+# rows x 656 B = 62976 B: 4096 entries.
+TABLES = {("glm5_dsa_sm120", "sm_120"): 4096, ("glm5_dsa_sm120", "sm_90"): MAX_TABLE,
+          ("glm5_dsa_bf16_sm120", "sm_120"): MAX_TABLE, ("glm5_dsa_bf16_sm120", "sm_90"): MAX_TABLE}
 
 
 @pytest.mark.parametrize("name, arch", list(TABLES))
@@ -71,7 +70,7 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
         assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4," in v.constants["CONFIG"], v.constants["CONFIG"]
         assert v.smem_bytes <= p.arch.smem_per_block
         table = v.constants["TABLE"]
-        assert table == TABLES[name, arch]
+        assert table == TABLES[name, arch] and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
         # a CTA's key list holds its row tile's entries (4 tokens of 8 heads x index_topk): what bounds
         # its distinct slots, whatever the rounds its union takes
         assert v.constants["LIST_KEYS"] == 4 * 2048
@@ -237,7 +236,7 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
 
     text = CliRunner().invoke(app, ["show", str(SPEC)], env={"COLUMNS": "100"})
     assert text.exit_code == 0, text.output
-    assert "sparse_verify_attn (each row tile's union" in text.output and "2048-entry hash set" in text.output
+    assert "sparse_verify_attn (each row tile's union" in text.output and "4096-entry hash set" in text.output
     result = CliRunner().invoke(app, ["show", str(SPEC), "--json"])
     assert result.exit_code == 0, result.output
     main = json.loads(result.output)["sparse"][0]
