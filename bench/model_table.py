@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import sys
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,6 +35,7 @@ BOUNDS = {"overlap": (0.0, 1.0), "barrier_cycles": (0.0, 2000.0), "dram_efficien
 STEPS = {"overlap": 0.25, "barrier_cycles": 200.0, "dram_efficiency": 0.1, "latency_us": 2.0, "startup_us": 2.0,
          "combine_us": 2.0, "state_us": 0.05, "quantize_us": 2.0}
 SM120_SPECS = ("glm5_sm120", "glm5_fp8_sm120", "glm5_fp8_mma_e4m3_sm120")
+MIN_DESIGN_PAIRS = 4  # pairs a design must have run for a fit to move its own terms
 REQUIRED = ("compute", "memory", "small")  # the shape classes every variant is shown at
 CLASS_OF = {(8, 16, 131072, 1): "compute", (8, 1, 131072, 1): "memory", (8, 16, 4096, 1): "small"}
 
@@ -114,10 +116,14 @@ def calls(rows: list[dict]) -> list:
 
 def design_params(cs) -> list[str]:
     """The parameters a fit moves: the shared ones (BOUNDS; overlap and barrier_cycles there are the
-    row-block loop's) and each other modeled design's own DESIGN_TERMS ("design:term")."""
+    row-block loop's) and the own DESIGN_TERMS ("design:term") of each other modeled design that ran
+    at least MIN_DESIGN_PAIRS of the pairs."""
     from kgen.model import DESIGN_TERMS
 
-    others = sorted({c.plan.tiles.design for c in cs} - {"mma_sync"})
+    ran = Counter(c.plan.tiles.design for c in cs)
+    # a design's own terms move only on enough of its pairs: a tuned table's odd bucket (e.g. two
+    # DRAM-bound decode rows) cannot tell its overlap from its barrier cost
+    others = sorted(d for d, n in ran.items() if d != "mma_sync" and n >= MIN_DESIGN_PAIRS)
     return list(BOUNDS) + [f"{d}:{t}" for d in others for t in DESIGN_TERMS]
 
 
@@ -195,6 +201,21 @@ def evaluate(rows, cs, x: dict, holdout: set[str]) -> list[dict]:
     return out
 
 
+def cross_validate(rows, cs, x: dict, designs_only: bool, table: list[dict]) -> dict:
+    """Leave one shape out at a time: refit (from x) on the other shapes' pairs and predict the left-out
+    shape's, so every pair is predicted by a calibration that never saw its shape. Adds each pair's
+    "cv_error_pct" to `table` (in the order of rows) and returns their summary."""
+    names = sorted({r["shape_name"] for r in rows}, key=str)
+    for name in names:
+        keep = [i for i, r in enumerate(rows) if r["shape_name"] != name]
+        y = fit([rows[i] for i in keep], [cs[i] for i in keep], x, designs_only)
+        for i, (r, c) in enumerate(zip(rows, cs)):
+            if r["shape_name"] == name:
+                table[i]["cv_error_pct"] = round(100 * (c.predict(cal_of(y, c.plan.tiles.design)).us / r["us"] - 1), 1)
+    errs = [{"error_pct": t["cv_error_pct"]} for t in table]
+    return {**summary(errs), "shapes": [str(n) for n in names]}
+
+
 def ncu_check(c, p, m: dict) -> dict:
     """The model's counts next to ncu's: shared wavefronts per tile, DRAM bytes, pipe %."""
     tiles = sum(it.tiles for it in c.items)
@@ -244,7 +265,7 @@ def _md(header: list[str], rows: list[list]) -> list[str]:
 
 
 def markdown(table: list[dict], x: dict, overall: dict, held: dict | None,
-             predictions: dict[str, list[dict]]) -> str:
+             predictions: dict[str, list[dict]], crossed: dict | None = None) -> str:
     lines = ["Calibration (kgen/model_calibration.json; `design:term` is a loop design's own term, the rest "
              "are shared, and overlap / barrier_cycles there are the row-block loop's, mma_sync): "
              + ", ".join(f"{k} = {v:g}" for k, v in x.items()) + ".", "",
@@ -253,6 +274,10 @@ def markdown(table: list[dict], x: dict, overall: dict, held: dict | None,
     if held:
         lines += [f"**Out of sample** (shapes {', '.join(held['shapes'])}, not fitted on): {held['pairs']} pairs "
                   f"within {held['max_abs_error_pct']:.1f}% (rms {held['rms_error_pct']:.1f}%).", ""]
+    if crossed:
+        lines += [f"**Leave one shape out** (each of the {len(crossed['shapes'])} shapes in turn: refitted without it, "
+                  f"then predicted): {crossed['pairs']} pairs within {crossed['max_abs_error_pct']:.1f}% "
+                  f"(rms {crossed['rms_error_pct']:.1f}%).", ""]
     variants = sorted({r["variant"] for r in table})
     per = []
     for v in variants:
@@ -260,8 +285,10 @@ def markdown(table: list[dict], x: dict, overall: dict, held: dict | None,
         worst = max(rs, key=lambda r: abs(r["error_pct"]))
         s = summary(rs)
         per.append([v, s["pairs"], f"{s['max_abs_error_pct']:.1f}%", f"{s['rms_error_pct']:.1f}%",
-                    f"B={worst['B']} T={worst['T']} L={worst['L']} H={worst['H']} ({worst['error_pct']:+.1f}%)"])
-    lines += ["### By plan variant", ""] + _md(["variant", "pairs", "max abs error", "rms", "worst pair"], per) + [""]
+                    f"B={worst['B']} T={worst['T']} L={worst['L']} H={worst['H']} ({worst['error_pct']:+.1f}%)"]
+                   + ([f"{max(abs(r['cv_error_pct']) for r in rs):.1f}%"] if crossed else []))
+    lines += ["### By plan variant", ""] + _md(["variant", "pairs", "max abs error", "rms", "worst pair"]
+                                              + (["max abs error, shape left out"] if crossed else []), per) + [""]
     req = [[r["variant"], r["class"], f"B={r['B']} T={r['T']} L={r['L']}", f"{r['measured_us']:.1f}",
             f"{r['model_us']:.1f}", f"{r['error_pct']:+.1f}%", r["binding"]]
            for r in sorted(table, key=lambda r: (r["variant"], REQUIRED.index(r["class"]) if r["class"] else 9))
@@ -309,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --fit: move only the loop designs' own terms (overlap, barrier_cycles), not the shared ones")
     ap.add_argument("--exclude", default="", metavar="VARIANTS",
                     help="comma-separated variant names to leave out entirely (e.g. code that has changed since)")
+    ap.add_argument("--cross-validate", action="store_true",
+                    help="with --fit: also leave each shape out in turn, refit without it and predict it (every pair "
+                         "out of sample once)")
     ap.add_argument("--holdout", default="", metavar="SHAPES",
                     help="comma-separated bench.model_validate shape names the fit leaves out (out-of-sample check)")
     a = ap.parse_args(argv)
@@ -327,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         fitted = [(r, c) for r, c in zip(rows, cs) if r["shape_name"] not in holdout]
         x = fit([r for r, _ in fitted], [c for _, c in fitted], x, a.designs_only)
     table = evaluate(rows, cs, x, holdout)
+    crossed = cross_validate(rows, cs, x, a.designs_only, table) if a.fit and a.cross_validate else None
     overall = summary(table)
     out_rows = [r for r in table if not r["fitted"]]
     held = {**summary(out_rows), "shapes": sorted(holdout)} if out_rows else None
@@ -335,13 +366,15 @@ def main(argv: list[str] | None = None) -> int:
     shared = {k: v for k, v in x.items() if ":" not in k}
     if a.fit:
         model.CALIBRATION_FILE.write_text(json.dumps({"calibration": shared, "designs": designs, "validation": overall,
-                                                      **({"out_of_sample": held} if held else {})}, indent=1) + "\n")
+                                                      **({"out_of_sample": held} if held else {}),
+                                                      **({"cross_validation": crossed} if crossed else {})},
+                                                     indent=1) + "\n")
         model.calibration.cache_clear()
     predictions = sm120_predictions(x)
     OUT.write_text(json.dumps({"calibration": shared, "designs": designs, "validation": overall,
-                               "out_of_sample": held, "measurements": [str(p) for p in a.measurements],
+                               "out_of_sample": held, "cross_validation": crossed, "measurements": [str(p) for p in a.measurements],
                                "pairs": table, "sm120_predictions": predictions}, indent=1) + "\n")
-    write_docs(markdown(table, x, overall, held, predictions))
+    write_docs(markdown(table, x, overall, held, predictions, crossed))
     print(f"{overall['pairs']} pairs: max |error| {overall['max_abs_error_pct']}%, rms {overall['rms_error_pct']}%; "
           f"calibration {x}; wrote {OUT}, {DOCS}"
           + (", kgen/model_calibration.json" if a.fit else ""))

@@ -28,6 +28,7 @@ class Arch:
     max_warps_per_sm: int
     max_blocks_per_sm: int
     dram_gbps: float  # bytes/s / 1e9, for the performance model
+    l2_mb: float  # L2 size (MB, 1e6 bytes): whether a call's partial states stay in it (kgen/model.py)
     mma_bf16_tflops: float  # dense mma.sync bf16 -> fp32 (f16 runs at the same rate)
     # Per-SM rates of the resource model (kgen/model.py); the others above are per GPU.
     clock_ghz: float  # SM clock the per-cycle rates assume
@@ -63,6 +64,7 @@ ARCHS: dict[str, Arch] = {
             max_warps_per_sm=48,
             max_blocks_per_sm=32,
             dram_gbps=1792.0,
+            l2_mb=128.0,  # DESIGN §2
             mma_bf16_tflops=504.0,
             clock_ghz=2.617,  # boost clock: 504 TFLOP/s = 188 SMs x 1024 FLOP/cycle at 2.617 GHz (an assumption)
             mma_fp8_tflops=1008.0,  # 2x bf16 (DESIGN §2)
@@ -82,6 +84,7 @@ ARCHS: dict[str, Arch] = {
             max_warps_per_sm=64,
             max_blocks_per_sm=32,
             dram_gbps=4180.0,  # measured copy bandwidth on the H200 (DESIGN §2)
+            l2_mb=50.0,  # the H100's (the H200's is 50-60 MB: DESIGN §2)
             mma_bf16_tflops=630.0,  # measured mma.sync rate on the H200 (DESIGN §2)
             clock_ghz=1.755,  # measured by ncu under verify_attn (bench/NOTES.md)
             mma_fp8_tflops=0.0,  # no e4m3 mma.sync: 2 f16 HMMAs + operand unpacks each (bench/NOTES.md v6)

@@ -233,11 +233,16 @@ class Call:
         bandwidth = cal.dram_efficiency * arch.dram_gbps * 1e3  # bytes per us
         makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, cal.startup_us)
         # the combine: one CTA per output row reads the row's states, a latency chain of
-        # combine_rounds batches per wave of rows, or all states at the DRAM bandwidth
+        # combine_rounds batches per wave of rows, or all states at the DRAM bandwidth — unless they
+        # are still in L2: a call whose KV and partials fit half of it (a server's layers, and the
+        # bench's rotated calls, share one workspace: bench/NOTES.md v30) rewrites and rereads lines
+        # the previous call left there
         rows = shape.B * shape.T * shape.H
         partials = len(self.items) * self.plan.tiles.bm * (spec.model.value_dim + 1) * 4
+        kv_bytes = sum(it.tiles * it.dram_bytes for it in self.items)
+        from_dram = 0 if partials + kv_bytes <= arch.l2_mb * 1e6 / 2 else partials
         chains = ceil_div(rows, self.combine_slots) * self.combine_rounds * cal.state_us
-        combine = cal.combine_us + max(chains, (partials + rows * spec.model.value_dim * 2) / (arch.dram_gbps * 1e3))
+        combine = cal.combine_us + max(chains, (from_dram + rows * spec.model.value_dim * 2) / (arch.dram_gbps * 1e3))
         if spec.cache.kv_dtype != "bfloat16" and not shape.decode and not shape.stored_tree:
             combine += cal.quantize_us  # (per-call time, counted with the combine)
         us = makespan + combine

@@ -203,6 +203,20 @@ def test_an_fp8_verify_given_stored_tree_keys_does_not_pay_their_quantization():
         predict(bf16, Shape(8, 16, 131072, 1, stored_tree=True), "sm_90", **on_h200).us
 
 
+def test_partial_states_are_read_from_dram_only_when_the_call_outgrows_half_the_l2():
+    from dataclasses import replace
+
+    from kgen.model import call
+
+    bf16, cal = spec("glm5_sm120"), replace(CAL, state_us=0.0)  # the combine's time: its bytes alone
+    for shape, in_l2 in ((Shape(8, 16, 4096, 1, 64), True), (Shape(8, 16, 131072, 1, 64), False)):
+        c = call(bf16, shape, "sm_90", plan_for="sm_120")
+        partials = len(c.items) * c.plan.tiles.bm * (bf16.model.value_dim + 1) * 4
+        no_l2 = replace(c, arch=replace(c.arch, l2_mb=0.0))  # every call outgrows it
+        extra = no_l2.predict(cal).us - c.predict(cal).us
+        assert extra == pytest.approx(0.0 if not in_l2 else partials / (c.arch.dram_gbps * 1e3), abs=1e-6), shape
+
+
 def test_model_table_reads_dsa_rows_results_as_the_formats_they_ran(tmp_path):
     from bench import model_table
 
@@ -263,6 +277,13 @@ def test_model_table_fits_and_writes_the_validation(tmp_path, monkeypatch):
         text = doc.read_text()
         assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
         assert "Predicted sm_120 times (MODEL" in text and "| bn16 | memory |" in text
+        # leave one shape out: each pair predicted by a fit on the other shape only
+        assert model_table.main([str(measured), "--fit", "--cross-validate"]) == 0
+        result = json.loads((tmp_path / "validation.json").read_text())
+        assert result["cross_validation"]["shapes"] == ["compute", "memory"]
+        assert all("cv_error_pct" in r for r in result["pairs"])
+        assert result["cross_validation"]["max_abs_error_pct"] == max(abs(r["cv_error_pct"]) for r in result["pairs"])
+        assert "Leave one shape out" in doc.read_text()
     finally:
         model.calibration.cache_clear()
 
