@@ -191,7 +191,7 @@ def evaluate(rows, cs, x: dict, holdout: set[str]) -> list[dict]:
                "tiles": tiles_text(c.plan.tiles), "design": c.plan.tiles.design,
                "fitted": r["shape_name"] not in holdout, "H": s.H, "T": s.T, "L": s.L, "B": s.B, "page_size": s.page_size,
                "class": CLASS_OF.get((s.H, s.T, s.L, s.B)), "measured_us": round(r["us"], 2),
-               "model_us": round(p.us, 2), "error_pct": round(100 * (p.us / r["us"] - 1), 1), "binding": p.binding,
+               "model_us": round(p.us, 2), "error_pct": error_pct(p.us, r["us"]), "binding": p.binding,
                "model_pipe_cycles_per_tile": {k: round(v) for k, v in p.pipes.items()},
                "model_pct_of_peak": p.utilization()}
         if r["ncu"]:
@@ -211,9 +211,8 @@ def cross_validate(rows, cs, x: dict, designs_only: bool, table: list[dict]) -> 
         y = fit([rows[i] for i in keep], [cs[i] for i in keep], x, designs_only)
         for i, (r, c) in enumerate(zip(rows, cs)):
             if r["shape_name"] == name:
-                table[i]["cv_error_pct"] = round(100 * (c.predict(cal_of(y, c.plan.tiles.design)).us / r["us"] - 1), 1)
-    errs = [{"error_pct": t["cv_error_pct"]} for t in table]
-    return {**summary(errs), "shapes": [str(n) for n in names]}
+                table[i]["cv_error_pct"] = error_pct(c.predict(cal_of(y, c.plan.tiles.design)).us, r["us"])
+    return {**summary(table, "cv_error_pct"), "shapes": [str(n) for n in names]}
 
 
 def ncu_check(c, p, m: dict) -> dict:
@@ -236,8 +235,12 @@ def ncu_check(c, p, m: dict) -> dict:
     return out
 
 
-def summary(table: list[dict]) -> dict:
-    errs = [abs(r["error_pct"]) for r in table]
+def error_pct(model_us: float, measured_us: float) -> float:
+    return round(100 * (model_us / measured_us - 1), 1)
+
+
+def summary(table: list[dict], key: str = "error_pct") -> dict:
+    errs = [abs(r[key]) for r in table]
     return {"pairs": len(table), "max_abs_error_pct": round(max(errs), 1),
             "rms_error_pct": round(math.sqrt(sum(e * e for e in errs) / len(errs)), 1)}
 
@@ -286,7 +289,7 @@ def markdown(table: list[dict], x: dict, overall: dict, held: dict | None,
         s = summary(rs)
         per.append([v, s["pairs"], f"{s['max_abs_error_pct']:.1f}%", f"{s['rms_error_pct']:.1f}%",
                     f"B={worst['B']} T={worst['T']} L={worst['L']} H={worst['H']} ({worst['error_pct']:+.1f}%)"]
-                   + ([f"{max(abs(r['cv_error_pct']) for r in rs):.1f}%"] if crossed else []))
+                   + ([f"{summary(rs, 'cv_error_pct')['max_abs_error_pct']:.1f}%"] if crossed else []))
     lines += ["### By plan variant", ""] + _md(["variant", "pairs", "max abs error", "rms", "worst pair"]
                                               + (["max abs error, shape left out"] if crossed else []), per) + [""]
     req = [[r["variant"], r["class"], f"B={r['B']} T={r['T']} L={r['L']}", f"{r['measured_us']:.1f}",
