@@ -32,15 +32,15 @@ HEADER = "kgen/attention_kernels.cuh"
 # producer's.
 PATCHES = {
     HEADER: (
-        ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
+        ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));\n"
          "    if (item.b < 0) return;\n    const ItemRows r = item_rows<C>(schedule, item);\n"
          "    const int page0",
          "    KGEN_TRACE_START(part_o);\n"
-         "    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));\n"
+         "    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));\n"
          "    if (item.b < 0) { KGEN_TRACE(3); return; }\n    KGEN_TRACE(1);\n"
          "    const ItemRows r = item_rows<C>(schedule, item);\n    const int page0"),
-        ("        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
-         "        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
+        ("        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
+         "        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
          "    }\n    KGEN_TRACE(2);\n}\n"),
     ),
     "kgen/sparse_attention.cuh": (
@@ -54,8 +54,8 @@ PATCHES = {
         ("    launch_dependents();\n}\n", "    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),
     ),
     "kgen/schedule.cuh": (
-        ("    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);\n",
-         "    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);\n    KGEN_TRACE(7);\n"),
+        ("    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n",
+         "    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n    KGEN_TRACE(7);\n"),
     ),
     "kgen/attention.cuh": (
         ("    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n",

@@ -41,10 +41,15 @@ class Arch:
     bulk_copy: bool = True  # cp.async.bulk and mbarrier transaction counts (sm_90+)
     ldmatrix: bool = True
     wgmma: bool = False
+    # Bulk copies into every CTA of a cluster at once (.multicast::cluster): PTX has them from sm_90
+    # on, but ptxas says they are fast only on the arch-specific targets it names (sm_90a, sm_100a,
+    # ...; not sm_120, where it expects "substantially reduced performance"): multicast_fast.
+    multicast: bool = True
+    multicast_fast: bool = False
 
     @property
     def features(self) -> list[str]:
-        names = ("mma_sync_bf16", "mma_sync_fp8", "bulk_copy", "ldmatrix", "wgmma")
+        names = ("mma_sync_bf16", "mma_sync_fp8", "bulk_copy", "ldmatrix", "wgmma", "multicast")
         return [n for n in names if getattr(self, n)]
 
 
@@ -91,6 +96,7 @@ ARCHS: dict[str, Arch] = {
             fp8_cvt_per_clk=64.0,  # assumed (the fit of bench/model_table.py); bench.model_validate measures it
             mma_sync_fp8=True,
             wgmma=True,
+            multicast_fast=True,  # on sm_90a
             wgmma_bf16_tflops=775.0,  # a large cuBLAS GEMM (wgmma) on the H200, measured (DESIGN §9)
         ),
     )
@@ -110,12 +116,13 @@ class Target:
 
 def nvrtc_arch(arch: str, requires: tuple[str, ...] = ()) -> str:
     """NVRTC's --gpu-architecture for code compiled for `arch` that uses the features `requires`:
-    wgmma and setmaxnreg exist only in the arch-specific sm_90a target."""
+    wgmma and setmaxnreg exist only in the arch-specific sm_90a target, and multicast copies are
+    fast only there."""
     a = get_arch(arch)
     missing = [f for f in requires if f not in a.features]
     if missing:
         raise ArchError(f"{arch} lacks {', '.join(missing)}: a kernel that uses it cannot be built for {arch}")
-    return f"{arch}a" if "wgmma" in requires else arch
+    return f"{arch}a" if "wgmma" in requires or ("multicast" in requires and a.multicast_fast) else arch
 
 
 def get_arch(name: str) -> Arch:

@@ -101,7 +101,8 @@ class ScheduleEntry(KernelEntry):
 def _split_schedule(c: PlanContext) -> list[Variant]:
     return [Variant(kernel="split_schedule", name="split_schedule", template="split_schedule.cu.j2",
                     threads=SCHEDULE_THREADS, smem_bytes=0, min_blocks=1,
-                    constants={"HEADS": c.spec.model.num_q_heads, "BM": c.tiles.bm, "BN": c.tiles.bn},
+                    constants={"HEADS": c.spec.model.num_q_heads, "BM": c.tiles.bm, "BN": c.tiles.bn,
+                               "CLUSTER": c.tiles.cluster},
                     params=params(*SPLIT_PARAMS, "int* __restrict__ error_flag", "int* __restrict__ table"),
                     tag=c.tag)]
 

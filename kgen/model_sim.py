@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from . import kvrows
 from .plan import Plan
-from .splitkv import ceil_div, choose_chunk, row_tile_bound, splits_of, waves_of
+from .splitkv import ceil_div, choose_chunk, row_tile_bound, row_tiles_of, splits_of, waves_of
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,10 @@ class Item:
 def work_items(p: Plan, shape: Shape, target_ctas: int) -> tuple[list[Item], int]:
     """The schedule of templates/schedule.cuh for B identical requests: the work items in CTA
     order, and the splits (partial states) of each row."""
-    bm, bn = p.tiles.bm, p.tiles.bn
-    row_tiles, kv_tiles = ceil_div(shape.T * shape.H, bm), ceil_div(shape.L, bn)
+    bm, bn, group = p.tiles.bm, p.tiles.bn, p.tiles.cluster
+    row_tiles, kv_tiles = row_tiles_of(shape.T, shape.H, bm, group), ceil_div(shape.L, bn)
     min_splits = 0 if shape.decode else 1
-    waves = waves_of(row_tile_bound(shape.H, bm, shape.T * shape.B, shape.B), target_ctas)
+    waves = waves_of(row_tile_bound(shape.H, bm, shape.T * shape.B, shape.B, group), target_ctas)
     chunk = choose_chunk([row_tiles] * shape.B, [kv_tiles] * shape.B, target_ctas, min_splits, waves)
     splits, per_split = splits_of(kv_tiles, chunk, min_splits)
     tile_bytes = bn * kvrows.row_bytes(p.spec)

@@ -37,7 +37,7 @@ class Module:
         `tiles`), and the tilings a tuned table picks for some buckets."""
         device = resolve_device(device)
         target = target_of(device, arch)
-        choice = PlanChoice.find(spec, target.plan_arch, tiles)
+        choice = PlanChoice.find(spec, target.plan_arch, tiles, target.cubin_arch)
         self._assemble(load(spec, target, choice.tilings(), device), choice,
                        DeviceState(device, current_stream(device)))
 

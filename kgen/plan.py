@@ -37,7 +37,8 @@ class Plan:
 
     def capacity(self, total_tokens: int, batch: int, target_ctas: int) -> Capacity:
         """Upper bounds of the schedule's work items (the attention grids) of a batch."""
-        return work_capacity(self.spec.model.num_q_heads, self.tiles.bm, total_tokens, batch, target_ctas)
+        return work_capacity(self.spec.model.num_q_heads, self.tiles.bm, total_tokens, batch, target_ctas,
+                             self.tiles.cluster)
 
 
 def _tag(spec: Spec, arch: Arch) -> str:

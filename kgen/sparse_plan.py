@@ -29,9 +29,10 @@ def tile_tokens(heads: int, bm: int) -> int:
 
 def sparse_tiles(c: PlanContext) -> MmaSyncTiles:
     """The mma.sync tiling of the sparse kernels: the plan's own where it is one (a row tile's
-    tokens must fit a 32-bit mask: BM <= 32), else the mma.sync design's choice for the arch."""
+    tokens must fit a 32-bit mask: BM <= 32), without clusters, else the mma.sync design's choice
+    for the arch."""
     if isinstance(c.tiles, MmaSyncTiles) and c.tiles.bm <= 32:
-        return c.tiles
+        return replace(c.tiles, cluster=1)  # the sparse schedule has no clusters
     return mma_sync.DESIGN.choose(c.spec, c.arch)
 
 

@@ -27,9 +27,15 @@ class Capacity:
     tree: int  # of a tree-only call (tree_attn: one item per row tile)
 
 
-def row_tile_bound(heads: int, bm: int, total_tokens: int, batch: int) -> int:
-    """sum_b ceil(T_b H / BM) <= ceil(total_tokens * H / BM) + batch: known before the lengths are."""
-    return ceil_div(total_tokens * heads, bm) + batch
+def row_tiles_of(tokens: int, heads: int, bm: int, group: int = 1) -> int:
+    """A request's row tiles: ceil(T H / BM), in whole groups (the CTAs of a cluster)."""
+    return ceil_div(ceil_div(tokens * heads, bm), group) * group
+
+
+def row_tile_bound(heads: int, bm: int, total_tokens: int, batch: int, group: int = 1) -> int:
+    """sum_b row_tiles_of(T_b) <= ceil(total_tokens * H / BM) + batch * group: known before the
+    lengths are."""
+    return ceil_div(total_tokens * heads, bm) + batch * group
 
 
 def waves_of(row_tile_bound: int, target_ctas: int) -> int:
@@ -37,11 +43,12 @@ def waves_of(row_tile_bound: int, target_ctas: int) -> int:
     return 1 if row_tile_bound <= target_ctas else SPLIT_WAVES
 
 
-def work_capacity(heads: int, bm: int, total_tokens: int, batch: int, target_ctas: int) -> Capacity:
+def work_capacity(heads: int, bm: int, total_tokens: int, batch: int, target_ctas: int, group: int = 1) -> Capacity:
     """Every chunk the schedule tries is >= ceil(W / (waves target)) KV tiles, so prefix items
-    number at most waves x target + sum_b mtiles_b (row_tile_bound)."""
-    mtiles = row_tile_bound(heads, bm, total_tokens, batch)
-    return Capacity(waves_of(mtiles, target_ctas) * target_ctas + mtiles, mtiles)
+    number at most waves x target + sum_b mtiles_b (row_tile_bound); grids come in whole groups."""
+    mtiles = row_tile_bound(heads, bm, total_tokens, batch, group)
+    prefix = waves_of(mtiles, target_ctas) * target_ctas + mtiles
+    return Capacity(ceil_div(prefix, group) * group, ceil_div(mtiles, group) * group)
 
 
 def chunk_candidates(work: int, longest_request: int, target_ctas: int, waves: int) -> list[int]:

@@ -128,9 +128,9 @@ class Step:
 
         self.validate = env.flag("KGEN_VALIDATE")
         self.error_flag = ctx.device.error_flag
-        # The tiling of this batch's bucket (a tuned table's choice, else the heuristic plan).
+        # The tiling of this batch's bucket (a tuned table's choice, else the heuristic plan fitted to it).
         context = 0 if self._no_prefix else self.kv_indices.numel() * spec.cache.page_size
-        tiles = ctx.choice.tiles_for(self.num_tokens, batch, context)
+        tiles = ctx.choice.tiles_for(self.num_tokens, batch, context, spec.model.num_q_heads)
         self.plan, self._kernels = ctx.loaded.plans[tiles], ctx.loaded.kernels[tiles]
         self.target_ctas = ctx.target_ctas(self.plan)
         self._capacity = self.plan.capacity(self.num_tokens, batch, self.target_ctas)

@@ -81,7 +81,10 @@ class PlanContext:
         memory, the design's arch features and SASS expectations."""
         t, design = self.tiles, designs.of(self.tiles)
         base = {"HEADS": self.spec.model.num_q_heads, "DESIGN_HEADER": design.header, "CONFIG": t.config(self.spec),
+                "CLUSTER": t.cluster,
                 "SCALE_LOG2": self.spec.model.softmax_scale * LOG2E}
         return Variant(kernel=kernel, name=kernel, template=template, threads=t.threads,
                        smem_bytes=self.attention_smem, min_blocks=t.min_blocks, constants={**base, **constants},
-                       params=params(*decls), tag=self.tag, requires=design.requires, sass_expect=design.sass_expect)
+                       params=params(*decls), tag=self.tag,
+                       requires=design.requires + (("multicast",) if t.cluster > 1 else ()),
+                       sass_expect=design.sass_expect)

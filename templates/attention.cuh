@@ -16,6 +16,11 @@
 //   ldmatrix row addresses fall in different banks.
 // - The WARPS_M row blocks synchronize only among their own DIM_GROUPS warps (named barriers), so
 //   one block's softmax overlaps another's MMAs on the same SM sub-partitions.
+// - CLUSTER > 1: the CTAs of a cluster are the row tiles of one split (the schedule pads a request's
+//   row tiles to whole clusters), so they read the same KV tiles. Each CTA's producer copies
+//   1/CLUSTER of a tile's rows into every CTA's ring at once (multicast bulk copies: the tile
+//   leaves L2 once, not once per row tile), every full barrier counts the whole tile, and a stage is
+//   free once each compute warp of every CTA has arrived on its empty barrier in each CTA.
 //
 // KV in bf16: m16n8k16 bf16 MMAs. KV in fp8 e4m3 (value = byte * kv_scale) is staged as bytes
 // (half the bf16 bytes) and multiplied in one of two precisions (the spec's cache.mma):
@@ -52,10 +57,12 @@ namespace kgen {
 // float per row, per copy), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
 // the schedule's scratch (the partial scores are free until the first tile).
 template <int HEADS_, int D_, int DV_, int BM_, int BN_, int WARPS_M_, int DIM_GROUPS_, int STAGES_, bool KV_FP8_,
-          bool MMA_E4M3_, bool KV_SCALED_, class Layout>
+          bool MMA_E4M3_, bool KV_SCALED_, int CLUSTER_, class Layout>
 struct AttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = BM_, BN = BN_;
     static constexpr int WARPS_M = WARPS_M_, DIM_GROUPS = DIM_GROUPS_, STAGES = STAGES_;
+    // CTAs of a cluster: the row tiles of one split, which share every KV tile (see the header).
+    static constexpr int CLUSTER = CLUSTER_;
     static constexpr bool KV_FP8 = KV_FP8_;
     static constexpr bool MMA_E4M3 = MMA_E4M3_;           // fp8 KV: Q and P in e4m3 too
     static constexpr bool KV_SCALED = KV_SCALED_;         // fp8 KV in the DSA pool's rows (per-block scales)
@@ -65,6 +72,9 @@ struct AttnConfig : Layout {
     static constexpr int ROPE = D - DV;
     static constexpr int CONSUMERS = 32 * WARPS_M * DIM_GROUPS;  // threads that compute
     static constexpr int THREADS = CONSUMERS + 32;               // and one producer warp
+    // Who frees a stage: every compute thread; in a cluster, each compute warp of every CTA.
+    static constexpr int EMPTY_ARRIVALS = CLUSTER == 1 ? CONSUMERS : CONSUMERS / 32 * CLUSTER;
+    static constexpr int SLICE = BN / CLUSTER;  // rows of a tile each CTA's producer copies
     static constexpr int ROW_BLOCK_THREADS = 32 * DIM_GROUPS;    // the warps sharing a block of rows
     static constexpr int WARP_ROWS = BM / WARPS_M;
     static constexpr int M_TILES = WARP_ROWS / 16;
@@ -105,6 +115,7 @@ struct AttnConfig : Layout {
     static_assert(Layout::SMEM_BYTES >= BAR_OFF + (2 * STAGES + 1) * 8, "the barriers fit the layout");
     static_assert(CONSUMERS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
+    static_assert(CLUSTER >= 1 && CLUSTER <= 8 && BN % CLUSTER == 0, "a cluster of at most 8 CTAs copies whole rows");
     static_assert(ROW_BLOCK_BAR0 + WARPS_M <= 16, "named barrier ids");
     static_assert(KV_ROW % 16 == 0 && KV_STRIDE % 16 == 0 && Q_STRIDE % 16 == 0 && BAR_OFF % 8 == 0,
                   "bulk copies move 16-byte multiples between 16-byte aligned addresses");
@@ -284,7 +295,7 @@ template <class C, class QRows>
 __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows,
                                              float scale_log2, float kv_scale) {
     if (threadIdx.x == 0) {
-        ring_init<C>(smem, 1, C::CONSUMERS);  // the producer lane 0's expect_tx; every compute thread
+        ring_init<C>(smem, 1, C::EMPTY_ARRIVALS);  // the producer lane 0's expect_tx; the compute threads
         mbar_init(q_full<C>(smem), 1);
         mbar_init_fence();
     }
@@ -309,7 +320,10 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
         st.row_sum = 0.f;
         st.block_ref = 0x01010101u;  // 2^-126 each: no scale seen yet
     }
-    __syncthreads();  // Q is in registers: the ring may be refilled
+    // Q is in registers: the ring may be refilled (in a cluster, by any CTA's producer, once every
+    // CTA has its Q: the sync also makes the barriers set up above visible to the peers).
+    if constexpr (C::CLUSTER > 1) cluster_sync();
+    else __syncthreads();
 }
 
 // B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of
@@ -466,9 +480,14 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
         const int stage = ring_wait_free<C>(smem, st.ring_pos);
         if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_ROW);
         __syncwarp();
-        if (lane < C::BN)
-            bulk_copy(smem + (stage * C::BN + lane) * C::KV_STRIDE, keys.row(row.j, row.fetched), C::KV_ROW,
-                      ring_full<C>(smem, stage));
+        char* dst = smem + (stage * C::BN + lane) * C::KV_STRIDE;
+        if constexpr (C::CLUSTER > 1) {
+            if (lane / C::SLICE == (int)cluster_rank())  // this CTA's slice, into every CTA's ring
+                bulk_copy_multicast(dst, keys.row(row.j, row.fetched), C::KV_ROW, ring_full<C>(smem, stage),
+                                    (1u << C::CLUSTER) - 1);
+        } else if (lane < C::BN) {
+            bulk_copy(dst, keys.row(row.j, row.fetched), C::KV_ROW, ring_full<C>(smem, stage));
+        }
     }
 }
 
@@ -631,7 +650,12 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
         softmax_tile<C>(smem, st, kt, tile, num_keys, tile_visible, w);
         named_barrier(block_bar, C::ROW_BLOCK_THREADS);
         rescale_and_pv<C>(smem, st, kt, w);
-        mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage
+        if constexpr (C::CLUSTER > 1) {  // this warp is done with the stage: lane r tells CTA r
+            __syncwarp();
+            if (w.lane < C::CLUSTER) mbar_arrive_cluster(ring_empty<C>(smem, stage), w.lane);
+        } else {
+            mbar_arrive(ring_empty<C>(smem, stage));  // this thread is done with the stage
+        }
     }
 }
 
@@ -706,6 +730,7 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
     if constexpr (is_key_range<decltype(second_fn())>)
         attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
     attend_end<C>(smem, st, part_o, part_lse);
+    if constexpr (C::CLUSTER > 1) cluster_sync();  // no CTA exits while peers may still arrive on its barriers
 }
 
 }  // namespace kgen

@@ -14,8 +14,16 @@ namespace kgen {
 struct ItemRows {
     int qo0, tokens;  // the request's first tree token and its tree size
     long long row0;   // first q row of the tile
-    int rows;         // rows of the request from row0 on (> BM: the tile is full)
+    int rows;         // rows of the request from row0 on (> BM: the tile is full; <= 0: a cluster's pad tile)
 };
+
+// The Q rows a CTA stages: its tile's, or for a pad tile (a cluster's row tile past the request's
+// rows, there only to copy its share of the KV tiles) the request's first row, whose attention it
+// computes and no one reads.
+template <class C>
+__device__ __forceinline__ QueryRows<C> item_q_rows(const bf16* q, const ItemRows& r) {
+    return {reinterpret_cast<const char*>(q + (r.rows > 0 ? r.row0 : (long long)r.qo0 * C::HEADS) * C::D)};
+}
 
 // The schedule's scratch lies in shared memory the design does not use before its first tile.
 template <class C>
@@ -49,14 +57,14 @@ __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, cons
                                                  const ScheduleArgs& schedule, float* part_o, float* part_lse,
                                                  long long num_slots, const char* k_tree,
                                                  const RequestMask& request_mask, float scale_log2) {
-    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));
+    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
     const int page0 = kv_indptr[item.b], prefix_len = max(schedule.kv_lens[item.b], 0);
     const PagedRows<C::KV_ROW, PAGE_SIZE> pages{kv_cache, kv_indices + page0, kv_indptr[item.b + 1] - page0,
                                                         num_slots, schedule.validate, schedule.error_flag};
     const KeyRange<decltype(pages), AllVisible> prefix{pages, prefix_len, AllVisible{}, item.tile_begin, item.tile_end};
-    const QueryRows<C> q_rows{reinterpret_cast<const char*>(q + r.row0 * C::D)};
+    const QueryRows<C> q_rows = item_q_rows<C>(q, r);
     float* o = part_o + (long long)blockIdx.x * C::BM * C::DV;
     float* lse = part_lse + (long long)blockIdx.x * C::BM;
     if constexpr (FUSE_TREE) {
@@ -69,9 +77,9 @@ __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, cons
             return tree_range<C, MASK_WORDS>(k_tree, request_mask, item_rows<C>(schedule, again), again.row_tile,
                                              last_split);
         };
-        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, tree, o, lse);
+        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, tree, o, lse);
     } else {
-        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);
+        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);
     }
 }
 
@@ -81,10 +89,10 @@ template <class C, int MASK_WORDS, class RequestMask>
 __device__ __forceinline__ void tree_attention(char* smem, const bf16* q, const char* k_tree, float kv_scale,
                                                const RequestMask& request_mask, const ScheduleArgs& schedule,
                                                float* part_o, float* part_lse, float scale_log2) {
-    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN>(schedule, schedule_scratch<C>(smem));
+    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
-    attend<C>(smem, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2, kv_scale,
+    attend<C>(smem, item_q_rows<C>(q, r), max(r.rows, 1), scale_log2, kv_scale,
               tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true), [] { return NoKeys{}; },
               part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
 }

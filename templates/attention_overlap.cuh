@@ -33,6 +33,7 @@ namespace kgen {
 template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool AHEAD_, class Layout>
 struct OverlapAttnConfig : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 32, BN = BN_, STAGES = STAGES_;
+    static constexpr int CLUSTER = 1;  // CTAs a cluster: none
     static constexpr bool AHEAD = AHEAD_;
     // The helpers of mma_rows.cuh read these: bf16 in, bf16 MMAs.
     static constexpr bool KV_FP8 = false, MMA_E4M3 = false, MMA_F16 = false;

@@ -93,6 +93,40 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned b
                  :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 
+// ---- thread block clusters (sm_90+): a CTA's peers, their barriers, copies into all of them ----
+
+// This CTA's rank in its (1-D) cluster.
+__device__ __forceinline__ unsigned cluster_rank() {
+    unsigned rank;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+
+// Every thread of every CTA of the cluster: this CTA's shared memory writes and barrier set-up
+// are visible to the peers, and none of them goes on (or exits) before all have arrived.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
+// Arrive on the barrier at `bar`'s offset in cluster CTA `rank`'s shared memory (a consumer
+// freeing a stage the peer's producer refills: the refill is a bulk copy, which the arrival's
+// default release orders after this warp's reads, as CUTLASS's cluster pipelines rely on; a
+// release at cluster scope is a fence per arrival, and cost the loop 2x: bench/NOTES.md v35).
+__device__ __forceinline__ void mbar_arrive_cluster(mbarrier* bar, unsigned rank) {
+    asm volatile("{\n .reg .b32 peer;\n mapa.shared::cluster.u32 peer, %0, %1;\n"
+                 " mbarrier.arrive.shared::cluster.b64 _, [peer];\n}\n"
+                 :: "r"(smem_addr(bar)), "r"(rank) : "memory");
+}
+
+// bulk_copy into the shared memory of every cluster CTA in `cta_mask`, at dst's offset in each;
+// the bytes complete on the barrier at bar's offset in each.
+__device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, unsigned bytes, mbarrier* bar,
+                                                    unsigned short cta_mask) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1], %2, [%3], %4;\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "h"(cta_mask) : "memory");
+}
+
 // A float from shared memory, loaded where it is used (volatile: the compiler may not keep an
 // earlier load of it in a register instead, where registers are the scarcer resource).
 __device__ __forceinline__ float lds_f32(const void* p) {

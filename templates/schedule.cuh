@@ -6,7 +6,8 @@
 // (the schedule's parameters and a copy of the lengths it was made from) matches the call's, and
 // finds it for itself otherwise, so a stale table costs time, never correctness.
 //
-// Request b has mt_b = ceil(T_b*H/BM) row tiles and nt_b = ceil(L_b/BN) KV tiles; all requests'
+// Request b has mt_b = ceil(T_b*H/BM) row tiles (rounded up to whole groups of GROUP: the CTAs of a
+// cluster) and nt_b = ceil(L_b/BN) KV tiles; all requests'
 // work is W = sum mt_b*nt_b tiles. A chunk c gives request b s_b = max(min_splits, ceil(nt_b/c))
 // splits of equal size ceil(nt_b/s_b) (the last may be shorter); its work items are (split, row
 // tile) pairs, row tile fastest, so the CTAs that share a KV chunk run side by side and the chunk
@@ -20,9 +21,10 @@
 // max(min_split_tiles, ceil(W/(w target))) and that chunk rounded up to cut the longest request
 // into equal splits — and takes the first whose waves end first (kgen/splitkv.py has its copy).
 // waves = SPLIT_WAVES where the call's row tiles could fill more than a wave (R = ceil(total tokens
-// H / BM) + batch > target: rows alone cannot balance one wave), else 1, so a call of fewer rows
+// H / BM) + batch GROUP > target: rows alone cannot balance one wave), else 1, so a call of fewer rows
 // launches no more than one wave of CTAs that find no item. So 144 row tiles on 132 SMs
-// are cut into 4 splits each rather than run in two waves of one. The grid: waves target + R.
+// are cut into 4 splits each rather than run in two waves of one. The grid: waves target + R, in
+// whole groups.
 //
 //   req_meta[b] = (first item, splits, 0, row tiles), written by CTA 0 for the combine kernel; the
 //   partial state of item i is slot i of part_o / part_lse.
@@ -36,7 +38,8 @@ struct RequestShape {
 };
 
 // Lengths are clamped to what the kernels can index; `report` flags the bad ones (KGEN_VALIDATE).
-template <int HEADS, int BM, int BN>
+// Row tiles come in whole groups of GROUP (a cluster's CTAs; the last tiles of a group may be pads).
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __forceinline__ RequestShape request_shape(const int* qo_indptr, const int* kv_lens, int b, int max_nodes,
                                                       bool report, int* error_flag) {
     int tokens = qo_indptr[b + 1] - qo_indptr[b];
@@ -46,7 +49,8 @@ __device__ __forceinline__ RequestShape request_shape(const int* qo_indptr, cons
         tokens = min(max(tokens, 0), max_nodes);
         keys = max(keys, 0);
     }
-    return {tokens, keys, (tokens * HEADS + BM - 1) / BM, (keys + BN - 1) / BN};
+    const int row_tiles = ((tokens * HEADS + BM - 1) / BM + GROUP - 1) / GROUP * GROUP;
+    return {tokens, keys, row_tiles, (keys + BN - 1) / BN};
 }
 
 // Inclusive block-wide sum of one int per thread; returns it and the block total in *total.
@@ -92,9 +96,9 @@ struct ScheduleArgs {
 constexpr int SPLIT_WAVES = 4, CHUNK_CANDIDATES = 2 * SPLIT_WAVES + 1;  // kgen/splitkv.py's SPLIT_WAVES
 
 // The waves of CTAs the call's chunks may fill (kgen/splitkv.py's waves_of).
-template <int HEADS, int BM>
+template <int HEADS, int BM, int GROUP>
 __device__ __forceinline__ int split_waves(const ScheduleArgs& a) {
-    const long long row_tile_bound = ((long long)a.total_tokens * HEADS + BM - 1) / BM + a.batch;
+    const long long row_tile_bound = ((long long)a.total_tokens * HEADS + BM - 1) / BM + (long long)a.batch * GROUP;
     return row_tile_bound <= a.target_ctas ? 1 : SPLIT_WAVES;
 }
 
@@ -139,16 +143,16 @@ static_assert(CHUNK_CANDIDATES <= 16, "a weighed slot per candidate");
 
 // The chunk whose waves of work items end first (the first such of the candidates). Each warp
 // weighs candidates warp, warp + warps, ..: its lanes go through the requests.
-template <int HEADS, int BM, int BN>
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __forceinline__ int choose_chunk(const ScheduleArgs& a, unsigned long long work, int longest,
                                             ScheduleScratch* sc) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const int candidates = 1 + 2 * split_waves<HEADS, BM>(a);
+    const int candidates = 1 + 2 * split_waves<HEADS, BM, GROUP>(a);
     for (int k = warp; k < candidates; k += warps) {
         const int chunk = chunk_candidate(k, work, longest, a);
         int items = 0, split_tiles = 0;
         for (int b = lane; b < a.batch; b += 32) {
-            const RequestShape r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false,
+            const RequestShape r = request_shape<HEADS, BM, BN, GROUP>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false,
                                                                 a.error_flag);
             const Splits s = splits_of(r.kv_tiles, chunk, a.min_splits);
             items += s.count * r.row_tiles;
@@ -182,7 +186,7 @@ __device__ __forceinline__ int choose_chunk(const ScheduleArgs& a, unsigned long
 // (inlined, the fp8 verify kernel for sm_90 spilled a register at the 168-register cap); it returns
 // nothing, so the registers ptxas would return the item in cannot crowd the loop either (returned,
 // they cost the sm_120 DSA-row verify kernel a spilled register).
-template <int HEADS, int BM, int BN>
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScratch* sc) {
     int* scan = sc->scan;
     int* found = sc->found;
@@ -194,13 +198,13 @@ __device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScrat
     unsigned long long mine = 0;
     int longest = 0;  // KV tiles of the longest request
     for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-        const RequestShape r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, report, a.error_flag);
+        const RequestShape r = request_shape<HEADS, BM, BN, GROUP>(a.qo_indptr, a.kv_lens, b, a.max_nodes, report, a.error_flag);
         mine += (unsigned long long)r.row_tiles * r.kv_tiles;
         longest = max(longest, r.kv_tiles);
     }
     const unsigned long long total_work = block_reduce<Sum>(mine, sc->sums);
     longest = block_reduce<Max>(longest, scan);
-    const int chunk = choose_chunk<HEADS, BM, BN>(a, total_work, longest, sc);
+    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);
 
     // Requests in blocks of blockDim.x: a scan of their item counts finds the request holding
     // item blockIdx.x. CTA 0 goes through all of them to write req_meta.
@@ -210,7 +214,7 @@ __device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScrat
         RequestShape r{};
         Splits splits{0, 0};
         if (b < a.batch) {
-            r = request_shape<HEADS, BM, BN>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false, a.error_flag);
+            r = request_shape<HEADS, BM, BN, GROUP>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false, a.error_flag);
             splits = splits_of(r.kv_tiles, chunk, a.min_splits);
         }
         const int items = splits.count * r.row_tiles;
@@ -249,26 +253,26 @@ struct ScheduleTable {
 };
 
 // The stamp of a schedule: everything find_work_item's choice depends on but the lengths.
-template <int HEADS, int BM, int BN>
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __forceinline__ void stamp_of(const ScheduleArgs& a, int (&w)[STAMP_WORDS]) {
     const int words[STAMP_WORDS] = {STAMP_MARK, a.batch, a.target_ctas, a.min_split_tiles, a.min_splits,
-                                    a.max_nodes, a.total_tokens, HEADS, BM, BN, (int)gridDim.x, SPLIT_WAVES};
+                                    a.max_nodes, a.total_tokens, HEADS, BM | GROUP << 16, BN, (int)gridDim.x, SPLIT_WAVES};
 #pragma unroll
     for (int i = 0; i < STAMP_WORDS; ++i) w[i] = words[i];
 }
 
 // split_schedule's CTA blockIdx.x: its item into the table; CTA 0 also writes the stamp, the
 // lengths and req_meta. `a` has validate 0.
-template <int HEADS, int BM, int BN>
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __forceinline__ void write_schedule_table(ScheduleArgs a, int* words, ScheduleScratch* sc) {
     const ScheduleTable t{words, a.batch};
     a.req_meta = t.req_meta(gridDim.x);  // CTA 0 writes the table's own copy
-    write_work_item<HEADS, BM, BN>(a, sc);
+    write_work_item<HEADS, BM, BN, GROUP>(a, sc);
     if (threadIdx.x == 0) t.items()[blockIdx.x] = make_int4(sc->found[0], sc->found[1], sc->found[2], sc->found[3]);
     if (blockIdx.x != 0) return;
     if (threadIdx.x == 0) {
         int stamp[STAMP_WORDS];
-        stamp_of<HEADS, BM, BN>(a, stamp);
+        stamp_of<HEADS, BM, BN, GROUP>(a, stamp);
 #pragma unroll
         for (int i = 0; i < STAMP_WORDS; ++i) words[i] = stamp[i];
     }
@@ -278,14 +282,14 @@ __device__ __forceinline__ void write_schedule_table(ScheduleArgs a, int* words,
 
 // This CTA's item from the table into sc->found, if the table was made for this call's schedule
 // and lengths; CTA 0 then copies the table's req_meta for the combine.
-template <int HEADS, int BM, int BN>
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __forceinline__ bool read_schedule_table(const ScheduleArgs& a, ScheduleScratch* sc) {
     const ScheduleTable t{const_cast<int*>(a.table), a.batch};
     const int4 item = t.items()[blockIdx.x];
     bool stale = false;
     if (threadIdx.x == 0) {
         int stamp[STAMP_WORDS];
-        stamp_of<HEADS, BM, BN>(a, stamp);
+        stamp_of<HEADS, BM, BN, GROUP>(a, stamp);
 #pragma unroll
         for (int i = 0; i < STAMP_WORDS; ++i) stale |= a.table[i] != stamp[i];
     }
@@ -308,16 +312,16 @@ __device__ __forceinline__ bool read_schedule_table(const ScheduleArgs& a, Sched
 // shared memory (8-byte aligned) that the caller does not use until the call returns. A KGEN_VALIDATE
 // call finds its item for itself, so that its lengths are checked.
 // Out of line for the reason write_work_item is: one call from the attention kernel.
-template <int HEADS, int BM, int BN>
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __noinline__ void find_work_item_into(const ScheduleArgs a, ScheduleScratch* sc) {
-    if (a.table == nullptr || a.validate || !read_schedule_table<HEADS, BM, BN>(a, sc))
-        write_work_item<HEADS, BM, BN>(a, sc);
+    if (a.table == nullptr || a.validate || !read_schedule_table<HEADS, BM, BN, GROUP>(a, sc))
+        write_work_item<HEADS, BM, BN, GROUP>(a, sc);
 }
 
-template <int HEADS, int BM, int BN>
+template <int HEADS, int BM, int BN, int GROUP>
 __device__ __forceinline__ WorkItem find_work_item(const ScheduleArgs& a, void* scratch) {
     ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
-    find_work_item_into<HEADS, BM, BN>(a, sc);
+    find_work_item_into<HEADS, BM, BN, GROUP>(a, sc);
     const int* found = sc->found;
     return {found[0], found[1], found[2], found[3]};
 }

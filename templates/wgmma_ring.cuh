@@ -16,6 +16,7 @@ namespace kgen {
 template <int HEADS_, int D_, int DV_, int BN_, int STAGES_, bool KV_FP8_, bool KV_SCALED_, class Layout>
 struct WgRing : Layout {
     static constexpr int HEADS = HEADS_, D = D_, DV = DV_, BM = 64, BN = BN_, STAGES = STAGES_;
+    static constexpr int CLUSTER = 1;  // CTAs a cluster: none
     static constexpr bool KV_FP8 = KV_FP8_;        // e4m3 rows, converted into the bf16 ring by the producer
     static constexpr bool KV_SCALED = KV_SCALED_;  // the DSA pool's rows: per-block scales, bf16 rope
     using Row = ScaledRow<D, DV>;

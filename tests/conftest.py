@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -23,6 +24,7 @@ import torch
 import yaml
 
 import kgen
+from kgen import designs
 from kgen.spec import parse_spec
 from kgen.inputs import fresh_seed
 
@@ -55,6 +57,8 @@ def pytest_sessionfinish(session, exitstatus):
 SPEC_DIR = Path(__file__).resolve().parents[1] / "specs"
 SESSION_SEED = int(os.environ.get("KGEN_TEST_SEED") or fresh_seed())
 PLAN_ARCH = os.environ.get("KGEN_TEST_PLAN_ARCH") or None
+# KGEN_TEST_CLUSTER=N: the plans' mma.sync tilings in clusters of N CTAs (other loops run as planned).
+CLUSTER = int(os.environ.get("KGEN_TEST_CLUSTER") or 1)
 
 # Specs the tests need that are not shipped: name -> (shipped base, cache fields to override).
 # glm5_p64_sm120: bf16 rows at the DSA pool's page size; glm5_dsa_e4m3_sm120: the DSA pool's fp8 rows
@@ -78,7 +82,19 @@ def spec_named(name: str) -> kgen.Spec:
 
 def pytest_report_header(config):
     plans = f"the plan of {PLAN_ARCH}" if PLAN_ARCH else "the GPU's own plan"
+    plans += f", mma.sync tilings in clusters of {CLUSTER}" if CLUSTER > 1 else ""
     return f"kgen test seed: {SESSION_SEED} (reproduce with KGEN_TEST_SEED={SESSION_SEED}); GPU tests run {plans}"
+
+
+def clustered_tiles(spec: kgen.Spec):
+    """The tiling KGEN_TEST_CLUSTER forces for `spec` (None: the plan's own)."""
+    if CLUSTER == 1:
+        return None
+    from kgen.arch import get_arch
+    from kgen.designs.mma_sync import MmaSyncTiles
+    arch = PLAN_ARCH or "sm_%d%d" % torch.cuda.get_device_capability()
+    tiles = designs.choose(spec, get_arch(arch))
+    return dataclasses.replace(tiles, cluster=CLUSTER) if isinstance(tiles, MmaSyncTiles) else None
 
 
 @pytest.fixture
@@ -99,7 +115,8 @@ def module_for(cuda):
 
     def get(name: str):
         if name not in modules:
-            modules[name] = kgen.jit(spec_named(name), arch=PLAN_ARCH)
+            spec = spec_named(name)
+            modules[name] = kgen.jit(spec, arch=PLAN_ARCH, tiles=clustered_tiles(spec))
         return modules[name]
 
     return get

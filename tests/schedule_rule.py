@@ -13,10 +13,10 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def rule_waves(heads: int, bm: int, tokens: list[int], target: int) -> int:
-    """SPLIT_WAVES where the row tiles could fill more than a wave: ceil(sum T * H / BM) + B >
+def rule_waves(heads: int, bm: int, tokens: list[int], target: int, group: int = 1) -> int:
+    """SPLIT_WAVES where the row tiles could fill more than a wave: ceil(sum T * H / BM) + B group >
     target; else 1."""
-    return SPLIT_WAVES if cdiv(sum(tokens) * heads, bm) + len(tokens) > target else 1
+    return SPLIT_WAVES if cdiv(sum(tokens) * heads, bm) + len(tokens) * group > target else 1
 
 
 def rule_chunk(row_tiles: list[int], kv_tiles: list[int], target: int, min_splits: int, waves: int) -> int:
@@ -39,14 +39,15 @@ def rule_chunk(row_tiles: list[int], kv_tiles: list[int], target: int, min_split
 
 
 def schedule_items(heads: int, bm: int, bn: int, tokens: list[int], keys: list[int], target: int,
-                   min_splits: int) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int]]]:
+                   min_splits: int, group: int = 1) -> tuple[list[tuple[int, int, int, int]], list[tuple[int, int, int]]]:
     """The work items in CTA order, (request, row tile, first KV tile, end KV tile), and per request
     (first item, splits, row tiles): request b has ceil(T_b H / BM) row tiles and ceil(L_b / BN) KV
     tiles; it gets max(min_splits, ceil(kv tiles / chunk)) splits of equal size (ceil(kv tiles /
-    splits), the last shorter); items run split-major, row tile fastest, requests in order."""
-    row_tiles = [cdiv(t * heads, bm) for t in tokens]
+    splits), the last shorter); items run split-major, row tile fastest, requests in order. With
+    clusters of `group` CTAs a request's row tiles are padded to whole groups."""
+    row_tiles = [cdiv(cdiv(t * heads, bm), group) * group for t in tokens]
     kv_tiles = [cdiv(k, bn) for k in keys]
-    chunk = rule_chunk(row_tiles, kv_tiles, target, min_splits, rule_waves(heads, bm, tokens, target))
+    chunk = rule_chunk(row_tiles, kv_tiles, target, min_splits, rule_waves(heads, bm, tokens, target, group))
     items, meta = [], []
     for b, (m, n) in enumerate(zip(row_tiles, kv_tiles)):
         splits = max(min_splits, cdiv(n, chunk))

@@ -349,8 +349,8 @@ def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spe
 
 # Every tiling kgen tune may pick for sm_120 (both mma.sync loop designs), whatever the plan of the
 # run: the heuristic sm_120 plan is one of them, the others run only here.
-SM120_TILINGS = ["mma_sync:32,32,2,2,1", "mma_sync:32,16,2,4,1", "overlap:16,4,1,1", "overlap:16,4,0,1",
-                 "overlap:32,2,0,1"]
+SM120_TILINGS = ["mma_sync:32,32,2,2,1", "mma_sync:32,16,2,4,1", "mma_sync:32,32,2,2,1,2", "mma_sync:32,32,2,2,1,4",
+                 "mma_sync:32,16,2,4,1,4", "overlap:16,4,1,1", "overlap:16,4,0,1", "overlap:32,2,0,1"]
 _TILED: dict = {}  # (spec, arch, tiles) -> module, compiled once per session
 
 
@@ -360,6 +360,13 @@ def test_every_sm120_tiling_matches_the_reference(cuda, seed, tiles, case):
     """glm5_sm120 (H = 8): edge batches and a random batch per case. (KGEN_TEST_PLAN_ARCH=sm_120
     runs the whole suite, every spec, with the sm_120 plan's own tiling.)"""
     check_tiling(cuda, seed, "glm5_sm120", "sm_120", tiles)
+
+
+# The mma.sync loop in clusters of 4 (multicast copies, pad row tiles) over the other row formats.
+@pytest.mark.parametrize("spec_name", ["glm5_fp8_p64_sm120", "glm5_dsa_fp8_sm120", "glm5_dsa_e4m3_sm120",
+                                       "glm5_tp4_sm120"])
+def test_clusters_over_every_row_format(cuda, seed, spec_name):
+    check_tiling(cuda, seed, spec_name, "sm_120", "mma_sync:32,32,2,2,1,4")
 
 
 def check_tiling(cuda, seed: int, spec_name: str, arch: str, tiles: str) -> None:

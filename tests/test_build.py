@@ -1,5 +1,6 @@
 """Render + NVRTC compile of every shipped spec (CPU only: NVRTC from pip needs no GPU)."""
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -12,8 +13,9 @@ from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
 from kgen.nvrtc import compile_cubin, parse_report
-from kgen.arch import ArchError, get_arch
+from kgen.arch import ArchError, get_arch, nvrtc_arch
 from kgen.designs import MmaSyncTiles, OverlapTiles, SeesawTiles, WgmmaTiles
+from kgen.designs import mma_sync as mma_sync_design
 from kgen.designs import seesaw as seesaw_design
 from kgen.designs import wgmma as wgmma_design
 from kgen.model import Shape, work_items
@@ -49,6 +51,25 @@ def test_every_kernel_of_the_sm120_plan_compiles_without_spills(path, arch, cach
         assert b.report.spill_bytes <= emulated_e4m3_spill_limit(p.spec, arch), (b.variant.name, b.report)
         if arch == "sm_120":
             assert b.smem_bytes <= SM120_SMEM, (b.variant.name, b.smem_bytes)
+
+
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_the_sm120_plan_in_clusters_compiles_without_spills(path, arch, cache):
+    """The tiling an H200 runs the sm_120 plan in for batches of several row tiles a request
+    (MmaSync.for_batch: clusters of CLUSTER_ROWS CTAs, multicast copies) compiles within the same
+    limits; on sm_90 its attention kernels are built for sm_90a, where ptxas says multicast is fast."""
+    p0 = plan(kgen.load_spec(path))
+    [tiles] = mma_sync_design.DESIGN.batch_fits(p0.tiles, get_arch("sm_90"))
+    assert tiles.cluster == mma_sync_design.CLUSTER_ROWS and not mma_sync_design.DESIGN.batch_fits(p0.tiles,
+                                                                                                   get_arch("sm_120"))
+    p = plan(p0.spec, "sm_120", tiles)
+    attention = [v for v in p.variants if v.kernel in ("prefix_attn", "verify_attn", "tree_attn")]
+    assert all(f"__cluster_dims__({tiles.cluster}, 1, 1)" in render(v) for v in attention)
+    assert {nvrtc_arch(arch, v.requires) for v in attention} == {"sm_90a" if arch == "sm_90" else arch}
+    for b in build(p, [arch], cache):
+        assert b.report.spill_bytes <= emulated_e4m3_spill_limit(p.spec, arch), (b.variant.name, b.report)
+        assert arch == "sm_90" or b.smem_bytes <= SM120_SMEM, (b.variant.name, b.smem_bytes)
 
 
 def emulated_e4m3_spill_limit(spec, arch: str) -> int:
@@ -251,19 +272,28 @@ def test_the_grid_holds_every_work_item_and_items_cover_every_tile_once(path, ar
     """One attention CTA per possible item (Plan.capacity): a schedule that handed out more would
     leave rows unattended. The items of each row tile split its KV tiles without gap or overlap, and
     a call with the tree gives every row tile an item. Random ragged batches, empty prefixes and
-    trees, long contexts."""
-    p = plan(kgen.load_spec(path), arch)
+    trees, long contexts; the mma.sync loop in clusters too (grids of whole clusters, a cluster's
+    CTAs the row tiles of one split)."""
+    spec = kgen.load_spec(path)
+    p = plan(spec, arch)
     rng = random.Random(seed)
     heads, bm, bn, nodes = p.spec.model.num_q_heads, p.tiles.bm, p.tiles.bn, p.spec.tree.nodes
+    groups = (1, 2, 4) if isinstance(p.tiles, MmaSyncTiles) else (1,)
     for _ in range(40):
         batch = rng.choice([1, 2, 3, 8, 31, 64, 257])
         tokens = [rng.choice([0, 1, rng.randint(1, nodes), nodes]) for _ in range(batch)]
         keys = [rng.choice([0, 1, rng.randint(1, 5000), rng.randint(1, 1 << 20)]) for _ in range(batch)]
-        target = rng.choice([132, 188])
-        cap = p.capacity(sum(tokens), batch, target)
+        target, group = rng.choice([132, 188]), rng.choice(groups)
+        cap = plan(spec, arch, dataclasses.replace(p.tiles, cluster=group)).capacity(sum(tokens), batch, target) \
+            if group > 1 else p.capacity(sum(tokens), batch, target)
+        assert cap.prefix % group == 0 and cap.tree % group == 0
         for min_splits, lens in ((0, keys), (1, keys), (1, [0] * batch)):  # prefix, verify, tree
-            items, _ = schedule_items(heads, bm, bn, tokens, lens, target, min_splits)
-            assert len(items) <= (cap.prefix if any(lens) else cap.tree)
+            items, _ = schedule_items(heads, bm, bn, tokens, lens, target, min_splits, group)
+            assert len(items) <= (cap.prefix if any(lens) else cap.tree) and len(items) % group == 0
+            for i in range(0, len(items), group):  # a cluster: one split's consecutive row tiles
+                cluster = items[i:i + group]
+                assert {(b, lo, hi) for b, _, lo, hi in cluster} == {cluster[0][:1] + cluster[0][2:]}
+                assert [r for _, r, _, _ in cluster] == list(range(cluster[0][1], cluster[0][1] + group))
             ranges = {}
             for b, r, lo, hi in items:
                 ranges.setdefault((b, r), []).append((lo, hi))

@@ -223,5 +223,5 @@ def test_the_device_schedule_hands_out_the_rules_work_items(module_for, cuda, se
             call()
             meta = step.workspace[offset:offset + 16 * batch].view(torch.int32).view(batch, 4).cpu()
             _, expect = schedule_items(mod.spec.model.num_q_heads, step.plan.tiles.bm, step.plan.tiles.bn, sizes,
-                                       keys, step.target_ctas, min_splits)
+                                       keys, step.target_ctas, min_splits, step.plan.tiles.cluster)
             assert meta[:, [0, 1, 3]].tolist() == [list(m) for m in expect], (sizes, lens, min_splits)

@@ -3,6 +3,7 @@ before a shipped one), the re-run rule, and the fallback to the heuristic plan."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -55,12 +56,13 @@ def test_every_bucket_has_a_representative_shape_within_the_tree(spec):
 
 def test_tiles_text_round_trips_and_bad_text_names_the_forms():
     for t in (WgmmaTiles(), WgmmaTiles(stages=3), MmaSyncTiles(32, 32, 2, 4, 1), OverlapTiles(16, 4, 1, 1),
-              OverlapTiles(32, 2, 0, 1)):
+              OverlapTiles(32, 2, 0, 1), MmaSyncTiles(32, 32, 2, 2, 1, 4)):
         assert parse_tiles(designs.text(t)) == t
     assert designs.text(MmaSyncTiles(32, 16, 2, 4, 1)) == "mma_sync:32,16,2,4,1"  # the tables' form
-    for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2"):
+    assert designs.text(MmaSyncTiles(32, 32, 2, 2, 1, 4)) == "mma_sync:32,32,2,2,1,4"  # a cluster only when one
+    for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2", "mma_sync:32,32,2,2", "mma_sync:32,32,2,2,1,4,1"):
         with pytest.raises(TuningError, match="seesaw:BN,STAGES,MIN_BLOCKS or wgmma:BN,STAGES,MIN_BLOCKS or "
-                                              "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS or overlap:BN,STAGES,AHEAD,MIN_BLOCKS"):
+                                              "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS\\[,CLUSTER\\] or overlap:BN,STAGES,AHEAD,MIN_BLOCKS"):
             parse_tiles(bad)
 
 
@@ -162,8 +164,24 @@ def test_a_batch_runs_its_bucket_choice_else_the_heuristic(spec, user_tables):
     arch = get_arch("sm_90")
     choice = PlanChoice(designs.choose(spec, arch), table(spec, **{"decode/9+/long": "mma_sync:32,32,2,4,1"}))
     assert choice.tilings() == [SeesawTiles(), MmaSyncTiles(32, 32, 2, 4, 1)]
-    assert choice.tiles_for(32, 32, 32 * 32768) == MmaSyncTiles(32, 32, 2, 4, 1)
-    assert choice.tiles_for(16, 1, 131072) == SeesawTiles()  # a bucket the table leaves out
+    assert choice.tiles_for(32, 32, 32 * 32768, 8) == MmaSyncTiles(32, 32, 2, 4, 1)
+    assert choice.tiles_for(16, 1, 131072, 8) == SeesawTiles()  # a bucket the table leaves out
     assert PlanChoice.find(spec, arch) == PlanChoice(SeesawTiles(), find_table(spec, "sm_90"))  # the shipped table
     forced = PlanChoice.find(spec, arch, MmaSyncTiles(32, 16, 2, 4))
-    assert forced.table is None and forced.tiles_for(32, 32, 32 * 32768) == MmaSyncTiles(32, 16, 2, 4)
+    assert forced.table is None and forced.tiles_for(32, 32, 32 * 32768, 8) == MmaSyncTiles(32, 16, 2, 4)
+
+
+def test_the_sm120_plan_runs_in_clusters_only_where_multicast_is_fast_and_a_request_has_row_tiles_to_share(spec):
+    """The heuristic mma.sync tiling, fitted per batch: clusters of 2 on an H200 (sm_90a multicast)
+    where a request has more than one 32-row tile; never on sm_120 (ptxas: multicast is slow there),
+    never for decode at H = 8 (one row tile), never past a tuned table's choice or a forced tiling."""
+    sm120, heuristic = get_arch("sm_120"), designs.choose(spec, get_arch("sm_120"))
+    on_h200 = PlanChoice.find(spec, sm120, cubin_arch=get_arch("sm_90"))
+    clustered = dataclasses.replace(heuristic, cluster=2)
+    assert on_h200.tilings() == [heuristic, clustered]
+    assert on_h200.tiles_for(16, 1, 131072, 8) == clustered  # 128 rows: 4 row tiles
+    assert on_h200.tiles_for(8 * 4, 8, 8 * 4096, 8) == heuristic  # T = 4: 32 rows, one row tile
+    assert on_h200.tiles_for(32, 32, 32 * 131072, 8) == heuristic  # decode
+    on_sm120 = PlanChoice.find(spec, sm120, cubin_arch=sm120)
+    assert on_sm120.tilings() == [heuristic] and on_sm120.tiles_for(16, 1, 131072, 8) == heuristic
+    assert PlanChoice.find(spec, sm120, heuristic, get_arch("sm_90")).tiles_for(16, 1, 131072, 8) == heuristic

@@ -19,12 +19,12 @@ struct Layout {
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCRATCH_OFF = 74752;
 };
-using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__c5a49154abc0(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__f859aab199c6(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

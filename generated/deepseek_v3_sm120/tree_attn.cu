@@ -20,7 +20,7 @@ struct Layout {
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCRATCH_OFF = 74752;
 };
-using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 1;
 
@@ -32,7 +32,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h128_d576_ps64_bf16_t16_sm120__3d4b963e1986(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h128_d576_ps64_bf16_t16_sm120__e6d4ec341e3a(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

@@ -19,7 +19,7 @@ struct Layout {
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCRATCH_OFF = 74752;
 };
-using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 1;
 
@@ -31,7 +31,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__b47fa95f711c(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__5ec06b7d64f5(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -19,12 +19,12 @@ struct Layout {
     static constexpr int SMEM_BYTES = 94776;
     static constexpr int SCRATCH_OFF = 62976;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__1616480ad03b(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__5f84e348d81d(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

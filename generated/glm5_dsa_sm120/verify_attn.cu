@@ -19,7 +19,7 @@ struct Layout {
     static constexpr int SMEM_BYTES = 94776;
     static constexpr int SCRATCH_OFF = 62976;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
@@ -31,7 +31,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__726733e33ad2(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__5af528921183(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

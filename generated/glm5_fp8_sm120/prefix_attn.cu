@@ -19,12 +19,12 @@ struct Layout {
     static constexpr int SMEM_BYTES = 99144;
     static constexpr int SCRATCH_OFF = 75776;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, false, false, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__e126f0d35f38(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__42b1a0a5f743(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

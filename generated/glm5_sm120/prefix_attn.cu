@@ -19,12 +19,12 @@ struct Layout {
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCRATCH_OFF = 74752;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_bf16_t64_sm120__fe799d5897aa(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_bf16_t64_sm120__6ed1f39405b9(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -20,7 +20,7 @@ struct Layout {
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCRATCH_OFF = 74752;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
@@ -32,7 +32,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__b02654ecaa48(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__601cecac60b4(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

@@ -19,7 +19,7 @@ struct Layout {
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCRATCH_OFF = 74752;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
@@ -31,7 +31,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_t64_sm120__47ef238e637a(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_t64_sm120__9105396f7c45(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -20,7 +20,7 @@ struct Layout {
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCRATCH_OFF = 74752;
 };
-using Cfg = kgen::AttnConfig<16, 576, 512, 32, 32, 2, 4, 2, false, false, false, Layout>;
+using Cfg = kgen::AttnConfig<16, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 32;
 
@@ -32,7 +32,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h16_d576_ps1_bf16_t1024_sm120__a178d8cb0191(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h16_d576_ps1_bf16_t1024_sm120__f0a02577cd03(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

@@ -4,7 +4,9 @@ walk their KV tiles, with its own C++ header, tiles, shared-memory layout and bu
 A design is one module of this package with one `Design` object; the planner asks the designs
 an arch allows, in the order of designs.DESIGNS, for a tiling of a spec (the first that plans
 wins). Each tiling is a frozen dataclass (hashable: plans and kernels are keyed by it) whose
-fields, in order, are its text form ("mma_sync:32,32,2,4,1", what tuned tables hold).
+fields, in order, are its text form ("mma_sync:32,32,2,4,1", what tuned tables hold); fields
+after min_blocks are left out of it at their defaults ("mma_sync:32,32,2,2,1,4" is the loop of
+"mma_sync:32,32,2,2,1" in clusters of 4 CTAs).
 The performance model (kgen/model.py) asks a design for its TileWork: what one CTA does per KV
 tile, counted from the SASS of the kernel's tile loop; a design may have no model entry yet.
 """
@@ -12,7 +14,7 @@ tile, counted from the SASS of the kernel's tile loop; a design may have no mode
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import astuple, dataclass, fields
+from dataclasses import MISSING, astuple, dataclass, fields
 from typing import ClassVar, Protocol
 
 from ..arch import Arch
@@ -28,6 +30,7 @@ class Tiles(Protocol):
     bn: int  # KV rows per tile
     stages: int  # depth of the KV ring
     min_blocks: int  # CTAs per SM the plan is built for (__launch_bounds__ minimum)
+    cluster: int  # CTAs a cluster (the row tiles of a split that share its KV tiles); 1: no clusters
 
     @property
     def threads(self) -> int: ...
@@ -68,16 +71,39 @@ class Design:
         """The model's TileWork from the SASS opcodes of the tile loop; None: not modeled yet."""
         return None
 
+    def batch_fits(self, tiles: Tiles, cubin_arch: Arch) -> list[Tiles]:
+        """The tilings for_batch may turn the heuristic `tiles` into on `cubin_arch` (loaded with it)."""
+        return []
+
+    def for_batch(self, tiles: Tiles, cubin_arch: Arch, rows_per_request: float) -> Tiles:
+        """The heuristic `tiles` fitted to a batch of `rows_per_request` packed (token, head) rows a
+        request on the GPU `cubin_arch` (no tuned table has the batch's bucket)."""
+        return tiles
+
     def text(self, tiles: Tiles) -> str:
-        return f"{self.name}:" + ",".join(str(v) for v in astuple(tiles))
+        values, names = list(astuple(tiles)), [f.name for f in fields(self.tiles)]
+        while len(values) > _text_fields(self.tiles) and values[-1] == _default(self.tiles, names[len(values) - 1]):
+            values.pop()  # fields after min_blocks are left out at their defaults
+        return f"{self.name}:" + ",".join(str(v) for v in values)
 
     def text_form(self) -> str:
-        """How the text of a tiling reads: "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS"."""
-        return f"{self.name}:" + ",".join(f.name.upper() for f in fields(self.tiles))
+        """How the text of a tiling reads: "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS[,CLUSTER]"."""
+        names = [f.name.upper() for f in fields(self.tiles)]
+        n = _text_fields(self.tiles)
+        return f"{self.name}:" + ",".join(names[:n]) + "".join(f"[,{o}]" for o in names[n:])
 
     def parse(self, values: tuple[int, ...]) -> Tiles | None:
         """The tiling of a text's numbers, None if they do not fit the form."""
-        return self.tiles(*values) if len(values) == len(fields(self.tiles)) else None
+        return self.tiles(*values) if _text_fields(self.tiles) <= len(values) <= len(fields(self.tiles)) else None
+
+
+def _text_fields(tiles: type) -> int:
+    """Fields every text of a tiling has: those up to min_blocks."""
+    return [f.name for f in fields(tiles)].index("min_blocks") + 1
+
+
+def _default(tiles: type, name: str) -> object:
+    return next(f.default for f in fields(tiles) if f.name == name)
 
 
 def render_config(what: str, layout: dict[str, int], config: str) -> str:

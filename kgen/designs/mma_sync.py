@@ -1,13 +1,14 @@
 """The mma.sync loop (templates/attention.cuh): sm_120's design, also run on the H200 for tests.
 
 BM packed (token, head) rows per CTA; WARPS_M row blocks of DIM_GROUPS warps that split the key
-and value dims; one producer warp stages BN-row KV tiles into a STAGES-deep ring with bulk copies.
+and value dims; one producer warp stages BN-row KV tiles into a STAGES-deep ring with bulk copies;
+optionally in clusters of a split's row tiles that multicast each tile to all (for_batch).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from .. import kvrows
@@ -17,6 +18,10 @@ from ..spec import Spec
 from .base import Design, TileWork, check, render_config, tile_work_from_loop
 
 DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
+# Row tiles a cluster shares where the GPU multicasts fast (Arch.multicast_fast) and a request has
+# more than one: 2 CTAs. On the H200 clusters of 2 took the sm_120 plan's verify 12-16% under
+# unclustered tiles at T >= 16, clusters of 4 ran 1.6x slower (bench/NOTES.md v35).
+CLUSTER_ROWS = 2
 ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix bank conflicts
 S_ROW_PAD = 8  # fp32 padding per partial-score row: a half-warp's float2 stores hit 32 banks
 P_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}  # bytes per staged probability, by MMA type (spec.cache.mma_type)
@@ -29,6 +34,7 @@ class MmaSyncTiles:
     warps_m: int  # warps along rows; DIM_GROUPS warps along dims
     stages: int
     min_blocks: int = 1  # CTAs per SM the plan is built for (__launch_bounds__ minimum)
+    cluster: int = 1  # CTAs a cluster: the row tiles of a split, each copying 1/cluster of its KV tiles to all
 
     design: ClassVar[str] = "mma_sync"
 
@@ -48,10 +54,12 @@ class MmaSyncTiles:
         copies = DIM_GROUPS if spec.cache.per_block else 1  # DSA rows: P, alpha and 1/l per warp group
         ring = self.stages * self.bn * kv_stride
         check(not (self.bm % 16 or self.bm % self.warps_m or (self.bm // self.warps_m) % 16 or self.bn % 16
-                   or self.bn % k_step or self.bm * q_stride > ring),
+                   or self.bn % k_step or self.bm * q_stride > ring or self.cluster not in (1, 2, 4, 8)
+                   or self.bn % self.cluster),
               f"attention tiles {self}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
               f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
-              f"and Q ({self.bm * q_stride} B) within the KV staging buffers ({ring} B)")
+              f"Q ({self.bm * q_stride} B) within the KV staging buffers ({ring} B), "
+              f"and clusters of 1, 2, 4 or 8 CTAs that split BN")
         s_stride = self.bn + S_ROW_PAD  # floats
         p_stride = self.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD
         s_off = ring
@@ -75,11 +83,12 @@ class MmaSyncTiles:
         scaled = "true" if spec.cache.per_block else "false"
         return render_config("the mma.sync loop (kgen/designs/mma_sync.py)", self.layout(spec),
                              f"kgen::AttnConfig<{m.num_q_heads}, {m.head_dim}, {m.value_dim}, {self.bm}, {self.bn}, "
-                             f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, {scaled}, Layout>")
+                             f"{self.warps_m}, {DIM_GROUPS}, {self.stages}, {fp8}, {e4m3}, {scaled}, {self.cluster}, Layout>")
 
     def describe(self) -> str:
         return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "
-                f"{self.warps_m}x{DIM_GROUPS} compute warps + 1 producer warp, {self.stages} stages")
+                f"{self.warps_m}x{DIM_GROUPS} compute warps + 1 producer warp, {self.stages} stages"
+                + (f", clusters of {self.cluster} row tiles sharing each KV tile" if self.cluster > 1 else ""))
 
 
 class MmaSync(Design):
@@ -108,12 +117,26 @@ class MmaSync(Design):
         """A shallow and a deep ring, and half-height KV tiles."""
         return [MmaSyncTiles(32, 32, 2, s) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4)]
 
+    def batch_fits(self, tiles: MmaSyncTiles, cubin_arch: Arch) -> list[MmaSyncTiles]:
+        return [replace(tiles, cluster=CLUSTER_ROWS)] if _clusters(tiles, cubin_arch) else []
+
+    def for_batch(self, tiles: MmaSyncTiles, cubin_arch: Arch, rows_per_request: float) -> MmaSyncTiles:
+        """In clusters of CLUSTER_ROWS where a request has more than one row tile (a ragged batch's
+        smaller requests get pad tiles) and multicast is fast on the GPU present; sm_120 is not
+        among ptxas's fast targets, so its own GPU runs the loop unclustered until measured."""
+        return replace(tiles, cluster=CLUSTER_ROWS) if _clusters(tiles, cubin_arch) and rows_per_request > tiles.bm \
+            else tiles
+
     def tile_work(self, spec: Spec, tiles: MmaSyncTiles, loop: Counter) -> TileWork:
         """The compute warps run the loop; a tile stages BN rows."""
         return tile_work_from_loop(loop, tiles.warps_m * DIM_GROUPS, tiles.bn, tiles.bn * kvrows.row_bytes(spec))
 
 
 DESIGN = MmaSync()
+
+
+def _clusters(tiles: MmaSyncTiles, cubin_arch: Arch) -> bool:
+    return tiles.cluster == 1 and cubin_arch.multicast_fast and tiles.bn % CLUSTER_ROWS == 0
 
 
 def _widest_fit(spec: Spec, arch: Arch, t: MmaSyncTiles) -> str:

@@ -33,6 +33,7 @@ class OverlapTiles:
     bm: ClassVar[int] = BM
     threads: ClassVar[int] = WARPS * 32
     design: ClassVar[str] = "overlap"
+    cluster: ClassVar[int] = 1  # one CTA a cluster
 
     def layout(self, spec: Spec) -> dict[str, int]:
         """Shared memory (bytes), as OverlapAttnConfig reads it: the KV ring (Q is staged through it

@@ -31,6 +31,7 @@ class SeesawTiles:
     bm: ClassVar[int] = BM
     threads: ClassVar[int] = 3 * 128
     design: ClassVar[str] = "seesaw"
+    cluster: ClassVar[int] = 1  # one CTA a cluster
 
     def layout(self, spec: Spec) -> dict[str, int]:
         """Shared memory (bytes from a 1 KB-aligned base), as SeesawAttnConfig reads it: the swizzled

@@ -71,6 +71,7 @@ class WgmmaTiles:
     bm: ClassVar[int] = BM
     threads: ClassVar[int] = 3 * 128
     design: ClassVar[str] = "wgmma"
+    cluster: ClassVar[int] = 1  # one CTA a cluster
 
     def layout(self, spec: Spec) -> dict[str, int]:
         """Shared memory (bytes from a 1 KB-aligned base), as WgmmaAttnConfig reads it: the swizzled
