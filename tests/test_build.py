@@ -159,7 +159,7 @@ def test_fp8_plan_halves_the_staged_rows_and_deepens_the_ring(name, mma, tag):
     v = p8.variant("verify_attn")
     src = render(v)
     # BM, BN, warps, groups, stages, fp8 KV, e4m3 MMAs, DSA rows, and the layout: 592-byte KV rows + 16 of padding
-    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, false, Layout>;" in src
+    assert f"kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, {mma}, false, 1, Layout>;" in src
     assert "static constexpr int KV_STRIDE = 592;" in src
     assert "const unsigned char* __restrict__ kv_cache" in src and "float kv_scale" in src
     assert tag in v.variant_id
@@ -174,7 +174,7 @@ def test_dsa_pool_rows_plan_656_byte_rows_in_three_stages_on_sm120():
     kv, s_part, p_bytes, stats, bars = 3 * 32 * 656, 4 * 32 * 40 * 4, 4 * 32 * (32 * 2 + 16), 4 * 2 * 32 * 4, 7 * 8
     assert p.tiles.smem_bytes(spec) == kv + s_part + p_bytes + stats + bars <= SM120_SMEM
     v = p.variant("verify_attn")
-    assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, Layout>;" in render(v)
+    assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;" in render(v)
     assert "static constexpr int KV_STRIDE = 656;" in render(v)
     assert "_e4m3f16_pb_" in v.variant_id and "const unsigned char* __restrict__ kv_cache" in render(v)
 
