@@ -4,7 +4,8 @@ load. NVRTC's output is the same on either machine: the cache key holds the NVRT
 
     python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|sm90_loops ...] [--jobs N]
 
-Groups: tests — every shipped and derived spec of tests/conftest.py, both plans; sparse — the
+Groups: tests — every shipped and derived spec of tests/conftest.py, both plans, each with every
+tiling kgen.jit loads on the GPU (tuned tables' choices and their fits to batches: clusters); sparse — the
 sparse GPU tests' specs (tests/test_sparse_gpu.py), both plans; dsa — the specs kgen's SGLang DSA
 backend derives in tests/test_sglang_dsa_gpu.py; sm90_loops — the tilings of the sm_90 loops that
 tests/test_attention_gpu.py runs beside the plans (the wgmma loop over fp8 rows, the seesaw loop).
@@ -21,8 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from kgen import designs
+from kgen.arch import get_arch
 from kgen.build import build_variant
 from kgen.cache import KernelCache
+from kgen.choice import PlanChoice
 from kgen.integrations.sglang_dsa import sparse_spec_data
 from kgen.plan import plan
 from kgen.spec import Spec, parse_spec
@@ -39,13 +42,14 @@ def dsa_backend_spec(kind: str, nodes: int) -> Spec:
     return parse_spec(sparse_spec_data(8, 0.0625, 512, 64, 2048, 64, cache, nodes, "sm_90"), "the SGLang DSA harness")
 
 
-def jobs(group: str) -> list[tuple[Spec, str, object]]:
-    """(spec, plan arch, tiles or None) of a group."""
+def jobs(group: str, arch: str = "sm_90") -> list[tuple[Spec, str, object]]:
+    """(spec, plan arch, tiles or None) of a group, for a GPU of `arch`."""
     from conftest import DERIVED_SPECS, SPEC_DIR, spec_named
 
     if group == "tests":
         names = [p.stem for p in sorted(SPEC_DIR.glob("*.yaml"))] + list(DERIVED_SPECS)
-        return [(spec_named(n), a, None) for n in names for a in ("sm_90", "sm_120")]
+        return [(spec_named(n), a, t) for n in names for a in ("sm_90", "sm_120")
+                for t in PlanChoice.find(spec_named(n), get_arch(a), cubin_arch=get_arch(arch)).tilings()]
     if group == "sparse":
         from test_sparse_gpu import SPARSE_SPECS, sparse_spec
 
@@ -79,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group", action="append", choices=GROUPS, help="repeatable; default: sparse, dsa, sm90_loops")
     p.add_argument("--jobs", type=int, default=2, help="compiling processes (default 2: this machine's cores)")
     args = p.parse_args(argv)
-    work = [(*j, args.arch, args.out) for g in (args.group or ["sparse", "dsa", "sm90_loops"]) for j in jobs(g)]
+    work = [(*j, args.arch, args.out) for g in (args.group or ["sparse", "dsa", "sm90_loops"])
+            for j in jobs(g, args.arch)]
     with ProcessPoolExecutor(args.jobs) as pool:
         for line in pool.map(warm, work):
             print(line, flush=True)

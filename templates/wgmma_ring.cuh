@@ -31,9 +31,11 @@ struct WgRing : Layout {
     static constexpr int RAW_ROW = KV_SCALED ? DV : KV_ROW;
     static constexpr int RAW_CHUNKS = RAW_ROW / 16;
     static constexpr int ROW_THREADS = 128 / BN;   // producer threads per staged row
-    // 128 * P + 256 * C <= 384 * 168. fp8 rows: the producer's conversion is latency-bound with 24
-    // (two chunks in flight); 40 bought the DSA rows 6-8% though the consumers spill a few words at 232.
+    // 128 * P + 256 * C <= 384 * 168 (else setmaxnreg.inc waits forever for registers the CTA does
+    // not have). fp8 rows: the producer's conversion is latency-bound with 24 (two chunks in flight);
+    // 40 bought the DSA rows 6-8% though the consumers spill a few words at 232.
     static constexpr int PRODUCER_REGS = KV_FP8 ? 40 : 24, CONSUMER_REGS = KV_FP8 ? 232 : 240;
+    static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * 168, "the warpgroups' registers fit the CTA's");
 
     static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && RAW_CHUNKS % ROW_THREADS == 0 && KV_ROW % 16 == 0,
                   "producer layout");
