@@ -97,8 +97,7 @@ def test_the_sm90_plan_is_its_own_and_compiles_for_sm90a(path, cache):
     spec = kgen.load_spec(path)
     p = plan(spec, "sm_90")
     wgmma = spec.cache.mma_type != "e4m3"  # e4m3 MMAs keep the mma.sync loop (4 stages)
-    # warpgroup MMAs: the seesaw loop, but over the DSA pool's rows (the wgmma loop's: level, modeled)
-    assert p.tiles.design == ("mma_sync" if not wgmma else "wgmma" if spec.cache.per_block else "seesaw")
+    assert p.tiles.design == ("seesaw" if wgmma else "mma_sync")  # warpgroup MMAs: the seesaw loop
     built = {b.variant.name: b for b in build(p, ["sm_90"], cache, inspect=True)}
     fp8 = spec.cache.kv_dtype != "bfloat16"
     for name, b in built.items():
@@ -170,7 +169,7 @@ def test_dsa_pool_rows_plan_656_byte_rows_in_three_stages_on_sm120():
     ldmatrix rows need no padding), one P, alpha and 1/l per warp group; 3 stages fit 99 KB."""
     spec = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
     p = plan(spec)
-    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles == WgmmaTiles(stages=3)  # the H200's own loop
+    assert p.tiles.stages == 3 and plan(spec, "sm_90").tiles == SeesawTiles(stages=3)  # the H200's own loop
     kv, s_part, p_bytes, stats, bars = 3 * 32 * 656, 4 * 32 * 40 * 4, 4 * 32 * (32 * 2 + 16), 4 * 2 * 32 * 4, 7 * 8
     assert p.tiles.smem_bytes(spec) == kv + s_part + p_bytes + stats + bars <= SM120_SMEM
     v = p.variant("verify_attn")
@@ -362,13 +361,13 @@ def test_a_kernel_compiles_with_and_is_keyed_by_only_the_headers_it_includes(mon
 
 
 def built_fp8_wgmma_prefix(spec_name: str, tmp_path):
-    """The wgmma loop's tiling of a shipped fp8 spec (3 stages; 4 do not fit 227 KB; the sm_90 plan
-    over the DSA pool's rows): its layout, its prefix kernel's source, and that kernel built (its
+    """The wgmma loop's tiling of a shipped fp8 spec (3 stages; 4 do not fit 227 KB; a tuned choice
+    beside the seesaw plan): its layout, its prefix kernel's source, and that kernel built (its
     consumers at 232 registers spill a few words, bounded: SM90_FP8_SPILL_BYTES)."""
     spec = kgen.load_spec(ROOT / "specs" / f"{spec_name}.yaml")
     arch = get_arch("sm_90")
     p = plan(spec, "sm_90", wgmma_design.DESIGN.choose(spec, arch))
-    assert p.tiles == WgmmaTiles(stages=3) and (plan(spec, "sm_90").tiles == p.tiles) == spec.cache.per_block
+    assert p.tiles == WgmmaTiles(stages=3) and plan(spec, "sm_90").tiles == SeesawTiles(stages=3)
     assert wgmma_design.DESIGN.candidates(spec, arch) == [WgmmaTiles(stages=2), WgmmaTiles(stages=3)]
     with pytest.raises(PlanError, match="shared memory"):
         plan(spec, "sm_90", WgmmaTiles(stages=4))
