@@ -131,11 +131,12 @@ def print_show_kernels(console: Console, rows: list[dict]) -> None:
 def bucket_rows(table_, buckets) -> list[dict]:
     rows = []
     for b in buckets:
-        c = table_.choices.get(b.key)
-        rows.append({"bucket": b.key, "runs": designs.text(c.tiles) if c else "the heuristic plan",
-                     "tuned": c is not None, "us": round(c.us, 1) if c else None,
-                     "heuristic_us": round(c.default_us, 1) if c else None,
-                     "noise_pct": round(100 * c.noise, 1) if c else None})
+        c, own = table_.choice_for(b), b.key in table_.choices
+        # a table tuned before the bucket's context class: the older bucket's tiling, timed there, not here
+        rows.append({"bucket": b.key, "runs": (designs.text(c.tiles) + ("" if own else " *")) if c else
+                     "the heuristic plan", "tuned": own, "as_bucket": None if own or not c else b.older.key,
+                     "us": round(c.us, 1) if own else None, "heuristic_us": round(c.default_us, 1) if own else None,
+                     "noise_pct": round(100 * c.noise, 1) if own else None})
     return rows
 
 
@@ -146,6 +147,9 @@ def print_buckets(console: Console, rows: list[dict], source: str) -> None:
     console.print(table(["bucket", "runs", "µs", "heuristic µs", "noise %"],
                         [[r["bucket"], r["runs"], r["us"],
                           r["heuristic_us"], r["noise_pct"]] for r in rows], left=("bucket", "runs")))
+    if any(r["as_bucket"] for r in rows):
+        console.print("* the table has no choice of its own there (tuned before contexts past 65536 tokens were a "
+                      "class): the \"long\" bucket's tiling runs", highlight=False, markup=False)
     console.print(TILES_LEGEND, highlight=False, markup=False)
 
 

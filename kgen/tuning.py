@@ -10,7 +10,9 @@ entry get the heuristic plan (designs.choose).
 A bucket is what the host knows of a batch without reading the GPU: tree tokens per request
 (total tokens / batch), batch size, and context per request from the capacity of kv_indices
 (pages x page size / batch: with an index buffer sized for the longest batch, as CUDA-graph
-servers allocate it, the bucket is the long-context one).
+servers allocate it, the bucket is the long-context one). Contexts past 65536 tokens a request are
+a class of their own ("longest": the loops cross over between 32k and 128k, bench/NOTES.md v37); a
+table tuned before that class existed answers for it with its "long" choice.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class TuningError(KgenError, ValueError):
 class Bucket:
     tree: str  # "decode" (1 token per request), "small" (<= 16), "mid" (<= 64), "large"
     batch: str  # "1", "2-8", "9+"
-    context: str  # "short" (<= 8192 tokens per request), "long"
+    context: str  # "short" (<= 8192 tokens per request), "long" (<= 65536), "longest"
 
     @property
     def key(self) -> str:
@@ -55,12 +57,19 @@ class Bucket:
         per_req = num_tokens / max(batch, 1)
         tree = "decode" if per_req <= 1 else "small" if per_req <= 16 else "mid" if per_req <= 64 else "large"
         size = "1" if batch <= 1 else "2-8" if batch <= 8 else "9+"
-        return cls(tree, size, "short" if context_tokens / max(batch, 1) <= 8192 else "long")
+        per_req_context = context_tokens / max(batch, 1)
+        context = "short" if per_req_context <= 8192 else "long" if per_req_context <= 65536 else "longest"
+        return cls(tree, size, context)
+
+    @property
+    def older(self) -> Bucket | None:
+        """The bucket that answered for this one in tables tuned before its context class existed."""
+        return Bucket(self.tree, self.batch, "long") if self.context == "longest" else None
 
 
 # One representative shape (T per request, B, L per request) per bucket: what `kgen tune` times.
 REPRESENTATIVE = {"decode": 1, "small": 16, "mid": 64, "large": 256}, {"1": 1, "2-8": 8, "9+": 32}, \
-    {"short": 4096, "long": 32768}
+    {"short": 4096, "long": 32768, "longest": 131072}
 
 
 def buckets() -> list[Bucket]:
@@ -130,8 +139,13 @@ class Table:
     choices: dict[str, Choice]  # bucket key -> choice
     path: Path | None = None
 
-    def tiles_for(self, bucket: Bucket) -> Tiles | None:
+    def choice_for(self, bucket: Bucket) -> Choice | None:
+        """The bucket's choice, else (a table from before its context class) the older bucket's."""
         c = self.choices.get(bucket.key)
+        return c if c or not bucket.older else self.choices.get(bucket.older.key)
+
+    def tiles_for(self, bucket: Bucket) -> Tiles | None:
+        c = self.choice_for(bucket)
         return c.tiles if c else None
 
     def to_json(self) -> dict:

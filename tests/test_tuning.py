@@ -40,18 +40,31 @@ def table(spec, arch="sm_90", **choices) -> Table:
 
 
 @pytest.mark.parametrize("tokens, batch, context, key", [
-    (1, 1, 131072, "decode/1/long"), (32, 32, 32 * 4096, "decode/9+/short"), (16, 1, 8192, "small/1/short"),
-    (17, 1, 8193, "mid/1/long"), (8 * 64, 8, 8 * 32768, "mid/2-8/long"), (9 * 65, 9, 0, "large/9+/short")])
+    (1, 1, 131072, "decode/1/longest"), (32, 32, 32 * 4096, "decode/9+/short"), (16, 1, 8192, "small/1/short"),
+    (17, 1, 8193, "mid/1/long"), (8 * 64, 8, 8 * 32768, "mid/2-8/long"), (9 * 65, 9, 0, "large/9+/short"),
+    (16, 1, 65536, "small/1/long"), (16, 1, 65537, "small/1/longest")])
 def test_a_batch_falls_in_the_bucket_of_what_the_host_knows(tokens, batch, context, key):
     assert Bucket.of(tokens, batch, context).key == key
 
 
 def test_every_bucket_has_a_representative_shape_within_the_tree(spec):
     keys = [b.key for b in tuning.buckets()]
-    assert len(keys) == len(set(keys)) == 24
+    assert len(keys) == len(set(keys)) == 36
     for b in tuning.buckets():
         t, batch, length = tuning.shape_of(b, spec.tree.nodes)
-        assert 1 <= t <= spec.tree.nodes and Bucket.of(t * batch, batch, length * batch).batch == b.batch
+        bucket = Bucket.of(t * batch, batch, length * batch)  # (a tree class past the spec's nodes is capped)
+        assert 1 <= t <= spec.tree.nodes and (bucket.batch, bucket.context) == (b.batch, b.context)
+
+
+def test_a_table_from_before_the_longest_context_class_answers_for_it_with_its_long_choice(spec):
+    """Contexts past 65536 tokens are their own class; a table without it (every table tuned before
+    it existed) runs its "long" choice there, and one with it its own."""
+    old = table(spec, **{"small/1/long": "wgmma:32,3,1"})
+    assert old.tiles_for(Bucket.of(16, 1, 131072)) == WgmmaTiles(stages=3)
+    assert old.tiles_for(Bucket.of(16, 1, 4096)) is None  # no fallback for the other classes
+    new = table(spec, **{"small/1/long": "wgmma:32,3,1", "small/1/longest": "seesaw:32,3,1"})
+    assert new.tiles_for(Bucket.of(16, 1, 131072)) == SeesawTiles(stages=3)
+    assert new.tiles_for(Bucket.of(16, 1, 32768)) == WgmmaTiles(stages=3)
 
 
 def test_tiles_text_round_trips_and_bad_text_names_the_forms():
