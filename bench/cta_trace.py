@@ -39,8 +39,8 @@ PATCHES = {
          "    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));\n"
          "    if (item.b < 0) { KGEN_TRACE(3); return; }\n    KGEN_TRACE(1);\n"
          "    const ItemRows r = item_rows<C>(schedule, item);\n    const int page0"),
-        ("        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
-         "        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
+        ("        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
+         "        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
          "    }\n    KGEN_TRACE(2);\n}\n"),
     ),
     "kgen/sparse_attention.cuh": (

@@ -15,6 +15,9 @@ struct ItemRows {
     int qo0, tokens;  // the request's first tree token and its tree size
     long long row0;   // first q row of the tile
     int rows;         // rows of the request from row0 on (> BM: the tile is full; <= 0: a cluster's pad tile)
+
+    // Rows the CTA attends: the tile's, or for a pad tile the one row item_q_rows stages.
+    __device__ __forceinline__ int attended() const { return max(rows, 1); }
 };
 
 // The Q rows a CTA stages: its tile's, or for a pad tile (a cluster's row tile past the request's
@@ -77,9 +80,9 @@ __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, cons
             return tree_range<C, MASK_WORDS>(k_tree, request_mask, item_rows<C>(schedule, again), again.row_tile,
                                              last_split);
         };
-        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, tree, o, lse);
+        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, tree, o, lse);
     } else {
-        attend<C>(smem, q_rows, max(r.rows, 1), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);
+        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);
     }
 }
 
@@ -92,7 +95,7 @@ __device__ __forceinline__ void tree_attention(char* smem, const bf16* q, const 
     const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
-    attend<C>(smem, item_q_rows<C>(q, r), max(r.rows, 1), scale_log2, kv_scale,
+    attend<C>(smem, item_q_rows<C>(q, r), r.attended(), scale_log2, kv_scale,
               tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, true), [] { return NoKeys{}; },
               part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
 }
