@@ -47,9 +47,9 @@ def jobs(group: str, arch: str = "sm_90") -> list[tuple[Spec, str, object]]:
     from conftest import DERIVED_SPECS, SPEC_DIR, spec_named
 
     if group == "tests":
-        names = [p.stem for p in sorted(SPEC_DIR.glob("*.yaml"))] + list(DERIVED_SPECS)
-        return [(spec_named(n), a, t) for n in names for a in ("sm_90", "sm_120")
-                for t in PlanChoice.find(spec_named(n), get_arch(a), cubin_arch=get_arch(arch)).tilings()]
+        specs = [spec_named(n) for n in [p.stem for p in sorted(SPEC_DIR.glob("*.yaml"))] + list(DERIVED_SPECS)]
+        return [(s, a, t) for s in specs for a in ("sm_90", "sm_120")
+                for t in PlanChoice.find(s, get_arch(a), cubin_arch=get_arch(arch)).tilings()]
     if group == "sparse":
         from test_sparse_gpu import SPARSE_SPECS, sparse_spec
 

@@ -131,12 +131,13 @@ def print_show_kernels(console: Console, rows: list[dict]) -> None:
 def bucket_rows(table_, buckets) -> list[dict]:
     rows = []
     for b in buckets:
-        c, own = table_.choice_for(b), b.key in table_.choices
-        # a table tuned before the bucket's context class: the older bucket's tiling, timed there, not here
-        rows.append({"bucket": b.key, "runs": (designs.text(c.tiles) + ("" if own else " *")) if c else
-                     "the heuristic plan", "tuned": own, "as_bucket": None if own or not c else b.older.key,
-                     "us": round(c.us, 1) if own else None, "heuristic_us": round(c.default_us, 1) if own else None,
-                     "noise_pct": round(100 * c.noise, 1) if own else None})
+        c = table_.choice_for(b)
+        own = table_.choices.get(b.key)  # else c is the older bucket's: its tiling runs, its times are not here
+        runs = designs.text(c.tiles) + ("" if own else " *") if c else "the heuristic plan"
+        rows.append({"bucket": b.key, "runs": runs, "tuned": own is not None,
+                     "as_bucket": b.older.key if c and not own else None,
+                     "us": round(own.us, 1) if own else None, "heuristic_us": round(own.default_us, 1) if own else None,
+                     "noise_pct": round(100 * own.noise, 1) if own else None})
     return rows
 
 

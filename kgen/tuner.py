@@ -86,7 +86,8 @@ def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] 
                  if text not in rejected}
         again = time_rotation(_calls(mods[base], spec, bucket, generator))
         noise = abs(again - times[base]) / times[base]
-        incumbent = designs.text(old.tiles_for(bucket)) if old and old.tiles_for(bucket) else base
+        previous = old.tiles_for(bucket) if old else None
+        incumbent = designs.text(previous) if previous else base
         chosen = decide(times, incumbent, noise)
         choices[bucket.key] = Choice(mods[chosen].plan.tiles, times[chosen], times[base], noise)
         if on_bucket:
