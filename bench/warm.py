@@ -70,8 +70,8 @@ def warm(job: tuple[Spec, str, object, str, Path]) -> str:
         built = build_variant(v, arch, cache)
         statuses.append(built.status)
         entry = cache.entry_dir(built.key)
-        if not (out / entry.relative_to(cache.root)).exists():
-            shutil.copytree(entry, out / entry.relative_to(cache.root))
+        # entries are content-addressed: a job beside this one may copy the same (shared) kernel's
+        shutil.copytree(entry, out / entry.relative_to(cache.root), dirs_exist_ok=True)
     return f"{spec.name} ({plan_arch} plan{', ' + designs.text(tiles) if tiles else ''}): " + \
         ", ".join(f"{statuses.count(s)} {s}" for s in sorted(set(statuses)))
 
