@@ -6,17 +6,21 @@ from typing import Callable
 
 import torch
 
+from .tilemap import TileMaps
+
 ZERO_LENS = 1024  # requests a tree-only call can have before the zero-lengths buffer grows
 
 
 class DeviceState:
     """torch's current stream on the device (read at each launch), the flag the device checks of
-    KGEN_VALIDATE report into, and int32 zeros: the prefix lengths of tree-only calls."""
+    KGEN_VALIDATE report into, int32 zeros (the prefix lengths of tree-only calls) and the KV
+    caches' tensor maps (kernels that copy whole tiles)."""
 
     def __init__(self, device: torch.device, stream: Callable[[], object]):
         self.device, self.stream = device, stream
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=device)
         self._zeros = torch.zeros(ZERO_LENS, dtype=torch.int32, device=device)
+        self.tile_maps = TileMaps()
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # both are filled before any stream (a graph's) reads them
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import kvrows, sparse_plan
+from . import designs, kvrows, sparse_plan
 from .splitkv import MIN_SPLIT_TILES, Capacity, ceil_div
 from .variant import BF16, PlanContext, Variant, params
 
@@ -31,6 +31,8 @@ class KernelEntry:
 # a prepared step's schedule table (split_table; 0: none) or finds it for itself.
 SPLIT_PARAMS = ("const int* __restrict__ qo_indptr", "const int* __restrict__ kv_lens", "int batch",
                 "int target_ctas", "int min_split_tiles", "int min_splits", "int max_nodes", "int total_tokens")
+# The KV cache as a tensor map (kgen/tilemap.py): the last parameter of the kernels that copy whole tiles.
+TILE_MAP_PARAM = "const __grid_constant__ kgen::TileMap kv_map"
 SCHEDULE_PARAMS = (*SPLIT_PARAMS, "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta",
                    "const int* __restrict__ split_table")
 
@@ -76,11 +78,14 @@ class AttentionEntry(KernelEntry):
         if not self.prefix:  # tree_attn: a request's tree tokens against each other under the mask
             decls = (q, k_tree, "float kv_scale", mask, *SCHEDULE_PARAMS, *out)
             return [c.attention(self.name, "tree_attn.cu.j2", c.tree_constants, decls)]
-        # prefix_attn, and verify_attn (which also takes each request's tree in its last split)
+        # prefix_attn, and verify_attn (which also takes each request's tree in its last split); a
+        # design that copies whole tiles gets the cache as a tensor map too (kv_map, per layer)
+        map_rows = designs.of(c.tiles).tile_map_rows(c.spec, c.tiles)
         decls = (q, f"const {kv}* __restrict__ kv_cache", "float kv_scale", "const int* __restrict__ kv_indptr",
                  "const int* __restrict__ kv_indices", *SCHEDULE_PARAMS, *out, "long long num_slots",
-                 *((k_tree, mask) if self.tree else ()))
-        constants = {"PAGE_SIZE": c.spec.cache.page_size, "FUSE_TREE": self.tree,
+                 *((k_tree, mask) if self.tree else ()), *((TILE_MAP_PARAM,) if map_rows else ()))
+        constants = {"PAGE_SIZE": c.spec.cache.page_size, "FUSE_TREE": self.tree, "TILE_MAP_ROWS": map_rows,
+                     **({"TILE_MAP_STRIDE": c.tiles.layout(c.spec)["KV_STRIDE"]} if map_rows else {}),
                      **(c.tree_constants if self.tree else {})}
         return [c.attention(self.name, "prefix_attn.cu.j2", constants, decls)]
 

@@ -3,8 +3,8 @@
 `counts` tallies the instruction classes that say whether a kernel compiled the way its plan
 intends: tensor-core MMAs (HMMA; QMMA is sm_120's fp8 mma.sync; any *MMA opcode gets its own
 key), LDSM (ldmatrix), UBLKCP (cp.async.bulk), global loads/stores by width (LDG.128, STG.64, ...),
-local-memory traffic (LDL/STL: register spills or stack arrays), barriers (BAR) and 16-byte
-cp.async copies (LDGSTS; HGMMA is Hopper's wgmma).
+local-memory traffic (LDL/STL: register spills or stack arrays), barriers (BAR), 16-byte
+cp.async copies (LDGSTS; HGMMA is Hopper's wgmma) and tensor copies (UTMALDG: cp.async.bulk.tensor).
 A kgen cubin holds one variant: one entry point and whatever it calls, so counts are per cubin.
 """
 
@@ -19,7 +19,7 @@ from functools import lru_cache
 from .errors import KgenError
 
 # Bump when the classes below change: cached counts of an older version are recomputed.
-COUNTS_VERSION = 4
+COUNTS_VERSION = 5
 ALWAYS = ("HMMA", "LDSM", "UBLKCP", "LDG", "STG", "LDL", "STL", "BAR")  # reported even when 0
 
 # "        /*0050*/   @!P0 LDG.E.128.CONSTANT R20, desc[UR6][R2.64] ;" -> "LDG.E.128.CONSTANT"
@@ -108,7 +108,7 @@ def classify(opcode: str) -> str | None:
     if base in ("LDG", "STG"):
         widths = [_WIDTHS[m] for m in mods if m in _WIDTHS]
         return f"{base}.{widths[-1] if widths else 32}"
-    if base in ("LDSM", "UBLKCP", "LDGSTS", "LDL", "STL", "BAR"):
+    if base in ("LDSM", "UBLKCP", "UTMALDG", "LDGSTS", "LDL", "STL", "BAR"):
         return base
     return None
 

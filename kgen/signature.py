@@ -18,6 +18,9 @@ _SCALARS: dict[str, tuple[type, str]] = {
     "long long": (ctypes.c_int64, "q"),
     "float": (ctypes.c_float, "f"),
 }
+# C type -> bytes of an opaque by-value argument, packed from a bytes object: a TMA tensor map
+# (templates/common.cuh TileMap, 128 bytes; the driver copies it into the parameter space).
+_BLOBS: dict[str, int] = {"const __grid_constant__ kgen::TileMap": 128}
 
 
 @dataclass(frozen=True)
@@ -29,8 +32,12 @@ class Param:
     def is_pointer(self) -> bool:
         return "*" in self.ctype
 
+    @property
+    def is_blob(self) -> bool:
+        return self.ctype in _BLOBS
+
     def __post_init__(self) -> None:
-        if not self.is_pointer and self.ctype not in _SCALARS:
+        if not self.is_pointer and self.ctype not in _SCALARS and not self.is_blob:
             raise ValueError(f"parameter {self.name}: unsupported C type {self.ctype!r}")
 
     @property
@@ -39,10 +46,14 @@ class Param:
 
     @property
     def ctypes_type(self) -> type:
+        if self.is_blob:
+            return ctypes.c_ubyte * _BLOBS[self.ctype]
         return ctypes.c_void_p if self.is_pointer else _SCALARS[self.ctype][0]
 
     @property
     def struct_code(self) -> str:
+        if self.is_blob:
+            return f"{_BLOBS[self.ctype]}s"
         return "Q" if self.is_pointer else _SCALARS[self.ctype][1]
 
 
@@ -62,7 +73,8 @@ class ParamLayout:
         self.offsets = tuple(getattr(self.struct, p.name).offset for p in params)
         codes = "@" + "".join(p.struct_code for p in params)
         self.format = struct.Struct(codes)
-        ends = [struct.calcsize(codes[:i + 2]) for i in range(len(params))]  # where struct ends field i
+        ends = [struct.calcsize("@" + "".join(p.struct_code for p in params[:i + 1]))  # where struct ends field i
+                for i in range(len(params))]
         packed_at = tuple(end - struct.calcsize("@" + p.struct_code) for end, p in zip(ends, params))
         if packed_at != self.offsets:
             raise RuntimeError(f"struct and ctypes lay out {self.names} differently: {packed_at} vs {self.offsets}")
@@ -73,12 +85,13 @@ class ParamLayout:
         self._ones = sum(1 << (64 * i) for i in range(len(params)))
         self._offsets = sum(off << (64 * i) for i, off in enumerate(self.offsets))
         self._pointers = tuple(i for i, p in enumerate(params) if p.is_pointer)
-        self._scalars = tuple(i for i, p in enumerate(params) if not p.is_pointer)
+        self._scalars = tuple(i for i, p in enumerate(params) if not p.is_pointer and not p.is_blob)
+        self._blobs = tuple((i, _BLOBS[p.ctype]) for i, p in enumerate(params) if p.is_blob)
 
     def pack(self, **values: object) -> ParamBlock:
         """A block holding `values`, by parameter name. A pointer is an int (a device address),
         None (NULL) or a torch tensor (its data_ptr()); a scalar is a Python int or float that
-        fits its C type."""
+        fits its C type; a blob (a tensor map) is a bytes object of its exact size."""
         if values.keys() != self._name_set:
             missing = [n for n in self.names if n not in values]
             raise TypeError(f"kernel arguments: missing {missing}, unexpected {sorted(set(values) - self._name_set)}")
@@ -91,6 +104,9 @@ class ParamLayout:
             if type(row[i]) not in (int, float):  # struct would take a one-element tensor's value as an int
                 raise TypeError(f"kernel argument {self.names[i]}: expected a Python int or float, "
                                 f"got {type(row[i]).__name__}")
+        for i, size in self._blobs:
+            if type(row[i]) is not bytes or len(row[i]) != size:
+                raise TypeError(f"kernel argument {self.names[i]}: expected {size} bytes")
         block = ParamBlock(self)
         try:
             self.format.pack_into(block.values, 0, *row)

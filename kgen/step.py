@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import checks, env
+from . import checks, env, kvrows, tilemap
 from .choice import PlanChoice
 from .device import DeviceState
 from .kernels import COMBINE, PREFIX, SCHEDULE, TREE, VERIFY, AttentionEntry
@@ -152,6 +152,7 @@ class Step:
         threads = COMBINE.threads(m.value_dim, rows, items, self.plan.tiles.bm, batch, ctx.loaded.target.sm_count)
         self._combine = (combine, COMBINE.grid(rows), threads, combine.layout.pack(**COMBINE.step_args(self)))
         self._launches: dict[AttentionEntry, tuple] = {}  # entry -> (kernel, grid, parameter block), on first use
+        self._map_boxes: dict[AttentionEntry, tuple[int, int, int]] = {}  # entry -> its tensor maps' box
 
     def _check_tree(self, spec, tree_mask, num_tokens: int | None) -> int:
         """The step's token count; checks tree_mask and notes when tree kernels cannot run."""
@@ -232,6 +233,8 @@ class Step:
         v.q = checks.address("q", q, dtypes=_BF16, device=dev, shape=self._q_shape)
         if entry.prefix:
             v.kv_cache, v.num_slots = self._kv.cache(kv_cache)
+            if entry in self._map_boxes:  # the layer's cache as a tensor map (made once per cache)
+                v.kv_map = self._ctx.device.tile_maps.get(v.kv_cache, v.num_slots, *self._map_boxes[entry])
         if entry.tree:
             v.k_tree, k_tree = self._kv.tree(k_tree, self.num_tokens, kv_scale)  # held until the launch
         combine, combine_grid, combine_threads, combine_block = self._combine
@@ -264,7 +267,12 @@ class Step:
         if not entry.prefix:
             self.zero_lens = self._ctx.device.zero_lens(self.batch)  # held: the block points at it
         kernel = self._kernels[entry.name]
-        launch = self._launches[entry] = (kernel, entry.grid(self._capacity), kernel.layout.pack(**entry.step_args(self)))
+        args = entry.step_args(self)
+        rows = kernel.variant.constants.get("TILE_MAP_ROWS", 0)
+        if rows:  # (row bytes, staged stride, box rows) of its tensor maps
+            self._map_boxes[entry] = (kvrows.row_bytes(self._ctx.spec), kernel.variant.constants["TILE_MAP_STRIDE"], rows)
+            args["kv_map"] = tilemap.EMPTY
+        launch = self._launches[entry] = (kernel, entry.grid(self._capacity), kernel.layout.pack(**args))
         if self._schedule_table:
             self._schedules[entry] = self._kernels[SCHEDULE.name].layout.pack(**SCHEDULE.step_args(self, entry))
             self._unscheduled.add(entry)

@@ -75,6 +75,10 @@ struct AttnConfig : Layout {
     // Who frees a stage: every compute thread; in a cluster, each compute warp of every CTA.
     static constexpr int EMPTY_ARRIVALS = CLUSTER == 1 ? CONSUMERS : CONSUMERS / 32 * CLUSTER;
     static constexpr int SLICE = BN / CLUSTER;  // rows of a tile each CTA's producer copies
+    // A slice of staged rows may be one tensor copy (whole_tile): its destination 128-byte aligned,
+    // a row's box of 8-byte elements at most 256 (kgen/designs/mma_sync.py tile_map_rows: the same rule).
+    static constexpr bool TILE_COPIES = (SLICE * Layout::KV_STRIDE) % 128 == 0 && Layout::KV_STRIDE % 16 == 0 &&
+                                        Layout::KV_STRIDE / 8 <= 256;
     static constexpr int ROW_BLOCK_THREADS = 32 * DIM_GROUPS;    // the warps sharing a block of rows
     static constexpr int WARP_ROWS = BM / WARPS_M;
     static constexpr int M_TILES = WARP_ROWS / 16;
@@ -467,7 +471,9 @@ __device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, co
 }
 
 // Producer: stage key rows [tile*BN, tile*BN + BN) of each tile of [tile_begin, tile_end) into
-// the ring, one bulk copy per row (lane), as soon as the compute warps free a stage.
+// the ring, one bulk copy per row (lane), as soon as the compute warps free a stage. A tile of
+// consecutive slots (Keys::whole_tile) is one tensor copy of each CTA's slice instead: the copy
+// engine takes one request for what 32 row copies asked (bench/NOTES.md v40).
 template <class C, class Keys>
 __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
                                             int tile_begin, int tile_end) {
@@ -478,9 +484,24 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
         const PendingRow row = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, lane, num_keys, keys);
         const int stage = ring_wait_free<C>(smem, st.ring_pos);
+        char* dst = smem + (stage * C::BN + lane) * C::KV_STRIDE;
+        if constexpr (tiles_in_pages<Keys, C::BN> && C::TILE_COPIES) {
+            if (keys.whole_tile(tile * C::BN, C::BN, num_keys)) {  // warp-uniform
+                if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_STRIDE);
+                __syncwarp();
+                const int rank = C::CLUSTER > 1 ? (int)cluster_rank() : 0;
+                if (lane == rank * C::SLICE) {  // the first row of this CTA's slice: its slot starts the box
+                    const int y = (int)keys.slot(row.j, row.fetched);
+                    if constexpr (C::CLUSTER > 1)
+                        tile_copy_multicast(dst, keys.tile_map, y, ring_full<C>(smem, stage), (1u << C::CLUSTER) - 1);
+                    else
+                        tile_copy(dst, keys.tile_map, y, ring_full<C>(smem, stage));
+                }
+                continue;
+            }
+        }
         if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_ROW);
         __syncwarp();
-        char* dst = smem + (stage * C::BN + lane) * C::KV_STRIDE;
         if constexpr (C::CLUSTER > 1) {
             if (lane / C::SLICE == (int)cluster_rank())  // this CTA's slice, into every CTA's ring
                 bulk_copy_multicast(dst, keys.row(row.j, row.fetched), C::KV_ROW, ring_full<C>(smem, stage),

@@ -58,14 +58,14 @@ template <class C, int PAGE_SIZE, bool FUSE_TREE, int MASK_WORDS, class RequestM
 __device__ __forceinline__ void prefix_attention(char* smem, const bf16* q, const char* kv_cache, float kv_scale,
                                                  const int* kv_indptr, const int* kv_indices,
                                                  const ScheduleArgs& schedule, float* part_o, float* part_lse,
-                                                 long long num_slots, const char* k_tree,
+                                                 long long num_slots, const TileMap* tile_map, const char* k_tree,
                                                  const RequestMask& request_mask, float scale_log2) {
     const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const ItemRows r = item_rows<C>(schedule, item);
     const int page0 = kv_indptr[item.b], prefix_len = max(schedule.kv_lens[item.b], 0);
     const PagedRows<C::KV_ROW, PAGE_SIZE> pages{kv_cache, kv_indices + page0, kv_indptr[item.b + 1] - page0,
-                                                        num_slots, schedule.validate, schedule.error_flag};
+                                                        num_slots, schedule.validate, schedule.error_flag, tile_map};
     const KeyRange<decltype(pages), AllVisible> prefix{pages, prefix_len, AllVisible{}, item.tile_begin, item.tile_end};
     const QueryRows<C> q_rows = item_q_rows<C>(q, r);
     float* o = part_o + (long long)blockIdx.x * C::BM * C::DV;

@@ -127,6 +127,30 @@ __device__ __forceinline__ void bulk_copy_multicast(void* dst, const void* src, 
                  :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)), "h"(cta_mask) : "memory");
 }
 
+// ---- tensor copies (TMA, sm_90+): whole KV tiles of consecutive slots ----
+
+// A CUtensorMap (cuda.h's, 128 bytes, 64-aligned), made on the host (kgen/tilemap.py) and passed by
+// value as a __grid_constant__ kernel parameter, so its address is one the copy engine may read.
+struct alignas(64) TileMap {
+    unsigned long long words[16];
+};
+
+// Rows y .. y + box rows - 1 of the 2-D tensor `map` describes (a KV cache: 8-byte elements x
+// slots), each row's box of 8-byte elements to consecutive staged rows at dst (128-byte aligned);
+// box columns past the row's end land as zeros (the staged rows' padding). The bytes complete on
+// `bar`, and, with a cta_mask, the same copy lands at dst's offset in every cluster CTA it names.
+__device__ __forceinline__ void tile_copy(void* dst, const TileMap* map, int y, mbarrier* bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(y), "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void tile_copy_multicast(void* dst, const TileMap* map, int y, mbarrier* bar,
+                                                    unsigned short cta_mask) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%2, %3}], [%4], %5;\n"
+                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(y), "r"(smem_addr(bar)), "h"(cta_mask) : "memory");
+}
+
 // A float from shared memory, loaded where it is used (volatile: the compiler may not keep an
 // earlier load of it in a register instead, where registers are the scarcer resource).
 __device__ __forceinline__ float lds_f32(const void* p) {

@@ -48,25 +48,42 @@ using KeyRows = ContiguousRows<C::KV_ROW>;  // key rows in the cache's format
 // A request's prefix in a paged cache of ROW_BYTES rows: token t lives at slot
 // page_ids[t / PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE. With `validate`, a token outside the
 // request's pages or the cache raises bit 2 of the error flag and reads slot 0 instead.
-template <int ROW_BYTES, int PAGE_SIZE>
+// tile_map (or null): the cache as a tensor map, for producers that copy a tile of rows that share
+// a page with one tensor copy (whole_tile).
+template <int ROW_BYTES, int PAGE_SIZE_>
 struct PagedRows {
+    static constexpr int PAGE_SIZE = PAGE_SIZE_;
     const char* kv_cache;
     const int* page_ids;  // this request's pages
     int pages;
     long long num_slots;
     int validate;
     int* error_flag;
+    const TileMap* tile_map = nullptr;
 
     __device__ __forceinline__ int fetch(int t) const { return page_ids[t / PAGE_SIZE]; }
+    __device__ __forceinline__ long long slot(int t, int page) const { return (long long)page * PAGE_SIZE + t % PAGE_SIZE; }
     __device__ __forceinline__ const char* row(int t, int page) const {
-        long long slot = (long long)page * PAGE_SIZE + t % PAGE_SIZE;
-        if (validate && (t / PAGE_SIZE >= pages || slot < 0 || slot >= num_slots)) {
+        long long s = slot(t, page);
+        if (validate && (t / PAGE_SIZE >= pages || s < 0 || s >= num_slots)) {
             atomicOr(error_flag, 2);
-            slot = 0;
+            s = 0;
         }
-        return kv_cache + slot * ROW_BYTES;
+        return kv_cache + s * ROW_BYTES;
+    }
+    // Whether tokens [t0, t0 + rows) are all keys and one tensor copy may stage them: each is in t0's
+    // page (the caller's tiles never cross one: PAGE_SIZE % rows == 0, t0 a multiple of rows), and
+    // there is no slot check to make (validate copies row by row, checking each).
+    __device__ __forceinline__ bool whole_tile(int t0, int rows, int num_keys) const {
+        return tile_map != nullptr && !validate && t0 + rows <= num_keys;
     }
 };
+
+// Rows sources whose tiles of `rows` tokens may be copied whole (PagedRows with pages of whole tiles).
+template <class Rows, int rows>
+constexpr bool tiles_in_pages = false;
+template <int ROW_BYTES, int PAGE_SIZE, int rows>
+constexpr bool tiles_in_pages<PagedRows<ROW_BYTES, PAGE_SIZE>, rows> = PAGE_SIZE % rows == 0;
 
 // Every query row sees every key (a prefix).
 struct AllVisible {

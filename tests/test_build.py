@@ -72,6 +72,23 @@ def test_the_sm120_plan_in_clusters_compiles_without_spills(path, arch, cache):
         assert arch == "sm_90" or b.smem_bytes <= SM120_SMEM, (b.variant.name, b.smem_bytes)
 
 
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+@pytest.mark.parametrize("path", [p for p in SHIPPED if kgen.load_spec(p).cache.page_size % 32 == 0],
+                         ids=lambda p: p.stem)
+def test_the_sm120_plan_copies_whole_tiles_where_pages_hold_them(path, arch, cache):
+    """At page size 64 (SGLang's DSA pool) a tile's 32 rows are consecutive slots: the prefix kernels
+    stage them with one tensor copy (UTMALDG) beside the row copies (UBLKCP) that partial tiles,
+    KGEN_VALIDATE calls and the tree keep; without local memory traffic."""
+    p = plan(kgen.load_spec(path))
+    for b in build(p, [arch], cache, inspect=True):
+        if b.variant.kernel in ("prefix_attn", "verify_attn"):
+            assert b.variant.constants["TILE_MAP_ROWS"] == p.tiles.bn, b.variant.name
+            assert b.sass["UTMALDG"] >= 1 and b.sass["UBLKCP"] >= 1, (b.variant.name, b.sass)
+            assert b.sass["LDL"] == b.sass["STL"] == 0, (b.variant.name, b.sass)
+        else:
+            assert b.sass.get("UTMALDG", 0) == 0, b.variant.name
+
+
 def emulated_e4m3_spill_limit(spec, arch: str) -> int:
     """sm_90 has no e4m3 mma.sync: ptxas unpacks both operands of every emulated e4m3 MMA, and at
     the 168-register cap of the producer-warp loop a few words of fp8 verify spill there. The

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 import kgen
-from kgen import fp8
+from kgen import fp8, tilemap
 from kgen.arch import Target, get_arch
 from kgen.choice import PlanChoice
+from kgen.designs import mma_sync as mma_sync_design
+from kgen.designs.mma_sync import MmaSyncTiles
 from kgen.device import ZERO_LENS, DeviceState
 from kgen.kernels import COMBINE, PREFIX
 from kgen.loading import LoadedPlans
@@ -45,7 +47,7 @@ def decode(params: tuple[Param, ...], address: int) -> dict[str, object]:
     args = {}
     for p, where in zip(params, pointers):
         raw = ctypes.string_at(where, ctypes.sizeof(p.ctypes_type))
-        args[p.name] = struct.unpack("<Q" if p.is_pointer else _FORMATS[p.ctype], raw)[0]
+        args[p.name] = raw if p.is_blob else struct.unpack("<Q" if p.is_pointer else _FORMATS[p.ctype], raw)[0]
     return args
 
 
@@ -143,11 +145,22 @@ def test_param_block_holds_each_argument_at_its_pointer_in_its_c_type():
     assert block.address == address and decode(params, address)["p"] == 12345 and decode(params, address)["x"] == 2.5
 
 
+def test_a_tensor_map_argument_is_its_128_bytes_by_value():
+    params = (Param("n", "int"), Param("kv_map", "const __grid_constant__ kgen::TileMap"), Param("p", "int*"))
+    layout = ParamLayout(params)
+    block = layout.pack(n=5, kv_map=bytes(range(128)), p=None)
+    assert decode(params, block.address) == dict(n=5, kv_map=bytes(range(128)), p=0)
+    block.values.kv_map = tilemap.TileMapBytes.from_buffer_copy(bytes(range(128, 256)))  # a layer call's update
+    assert decode(params, block.address)["kv_map"] == bytes(range(128, 256))
+    with pytest.raises(TypeError, match="kv_map: expected 128 bytes"):
+        layout.pack(n=5, kv_map=bytes(127), p=None)
+
+
 def test_every_kernel_of_every_spec_packs_where_ctypes_reads():
     for path in sorted(SPEC_DIR.glob("*.yaml")):
         for v in plan(kgen.load_spec(path)).variants:
             layout = ParamLayout(v.params)  # checks struct's offsets against ctypes' itself
-            values = {p.name: i + 1 for i, p in enumerate(v.params)}
+            values = {p.name: bytes([i + 1]) * 128 if p.is_blob else i + 1 for i, p in enumerate(v.params)}
             assert decode(v.params, layout.pack(**values).address) == values, v.name
 
 
@@ -494,3 +507,63 @@ def test_the_zero_lengths_buffer_grows_for_big_tree_only_batches(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="before capturing a CUDA graph"):
         mod.state.zero_lens(10 * ZERO_LENS)
+
+
+# ---- tensor maps: a layer's cache for kernels that copy whole tiles ---------------------------------
+
+class RecordingMaps:
+    """TileMaps' interface without a driver: a map's bytes name its key; `made` counts encodes."""
+
+    def __init__(self):
+        self.made = []
+
+    def get(self, *key):
+        if key not in self.made:
+            self.made.append(key)
+        return tilemap.TileMapBytes.from_buffer_copy(repr(key).encode().ljust(tilemap.MAP_BYTES, b"\0"))
+
+
+def test_a_layer_call_passes_its_cache_as_a_tensor_map_where_pages_hold_whole_tiles():
+    """Page size 64 (SGLang's DSA pool): the sm_120 plan's prefix kernels take the layer's cache as a
+    tensor map boxing one CTA's slice of staged rows, made once per cache, not per call."""
+    mod = stub_module("glm5_p64_sm120")
+    mod.state.tile_maps = maps = RecordingMaps()
+    x = inputs(mod)
+    step = mod.prepare(x.qo_indptr, x.kv_indptr, x.kv_indices, x.kv_lens, x.tree_mask)
+    layers = [inputs(mod, seed=s) for s in (1, 2)]
+    for y in layers + layers:
+        step.verify(y.q, y.kv_cache, y.k_tree)
+    stride, rows = mod.plan.tiles.layout(mod.spec)["KV_STRIDE"], mod.plan.tiles.bn
+    assert (stride, rows) == (1168, 32), "bf16 rows padded to an odd count of 16-byte chunks, a 32-row tile"
+    keys = [(y.kv_cache.data_ptr(), y.kv_cache.shape[0], 1152, stride, rows) for y in layers]
+    assert maps.made == keys, "one map per layer's cache"
+    verify = [args for name, _, args in launched(mod) if name == "verify_attn"]
+    assert [a["kv_map"] for a in verify] == [bytes(maps.get(*k)) for k in keys + keys]
+
+
+def test_kernels_that_cannot_copy_whole_tiles_take_no_tensor_map():
+    """Page size 1 scatters a tile's rows: row copies only, no kv_map parameter, no map made."""
+    mod = stub_module("glm5_sm120")
+    mod.state.tile_maps = maps = RecordingMaps()
+    x = inputs(mod)
+    mod.verify_attention(*x.verify_args())
+    assert maps.made == [] and all("kv_map" not in args for _, _, args in launched(mod))
+
+
+@pytest.mark.parametrize("page, bn, cluster, rows", [
+    (1, 32, 1, 0), (16, 32, 1, 0),  # a tile spans pages
+    (64, 32, 1, 32), (64, 32, 2, 16), (32, 16, 2, 8),
+    (64, 16, 4, 0),  # a 4-row slice of 1168-byte rows does not start 128-byte aligned
+])
+def test_the_tile_map_rule_needs_tiles_within_pages_and_aligned_slices(page, bn, cluster, rows):
+    spec = spec_named("glm5_sm120")
+    spec = spec.model_copy(update={"cache": spec.cache.model_copy(update={"page_size": page})})
+    tiles = MmaSyncTiles(bm=32, bn=bn, warps_m=2, stages=2, cluster=cluster)
+    assert mma_sync_design.DESIGN.tile_map_rows(spec, tiles) == rows
+
+
+def test_tile_maps_are_checked_before_the_driver_is_asked():
+    with pytest.raises(ValueError, match="cannot be tensor-copied"):
+        tilemap.encode(0x1008, 100, 1152, 1168, 32)  # an address the copy engine cannot start at
+    with pytest.raises(ValueError, match="outside what a tensor copy addresses"):
+        tilemap.encode(0x1000, 2**31, 1152, 1168, 32)

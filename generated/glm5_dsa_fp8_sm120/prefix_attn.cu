@@ -21,10 +21,12 @@ struct Layout {
 };
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
+static_assert(Cfg::TILE_COPIES && Cfg::SLICE == 32 && Cfg::KV_STRIDE == 656,
+              "the host's tensor map (kgen/tilemap.py) boxes one slice of staged rows");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__5f84e348d81d(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__2a9a614b6f05(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -44,12 +46,14 @@ extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps64_e
     const int* __restrict__ split_table,
     float* __restrict__ part_o,
     float* __restrict__ part_lse,
-    long long num_slots) {
+    long long num_slots,
+    const __grid_constant__ kgen::TileMap kv_map) {
     extern __shared__ __align__(1024) char smem[];
     kgen::prefix_attention<Cfg, 64, false, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, kv_indptr, kv_indices,
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
                            validate, error_flag, req_meta, split_table},
-        part_o, part_lse, num_slots, nullptr,
+        part_o, part_lse, num_slots, &kv_map,
+        nullptr,
         RequestMask{ }, 0.09016844005556021f);
 }

@@ -21,6 +21,8 @@ struct Layout {
 };
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
+static_assert(Cfg::TILE_COPIES && Cfg::SLICE == 32 && Cfg::KV_STRIDE == 656,
+              "the host's tensor map (kgen/tilemap.py) boxes one slice of staged rows");
 constexpr int MASK_WORDS = 2;
 
 // The mask rows of the request whose first tree token is qo0.
@@ -31,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__5af528921183(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__88b83db4d0b9(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -53,12 +55,14 @@ extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e
     float* __restrict__ part_lse,
     long long num_slots,
     const unsigned char* __restrict__ k_tree,
-    const int* __restrict__ tree_mask) {
+    const int* __restrict__ tree_mask,
+    const __grid_constant__ kgen::TileMap kv_map) {
     extern __shared__ __align__(1024) char smem[];
     kgen::prefix_attention<Cfg, 64, true, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, kv_indptr, kv_indices,
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
                            validate, error_flag, req_meta, split_table},
-        part_o, part_lse, num_slots, reinterpret_cast<const char*>(k_tree),
+        part_o, part_lse, num_slots, &kv_map,
+        reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask }, 0.09016844005556021f);
 }

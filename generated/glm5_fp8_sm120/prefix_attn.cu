@@ -24,7 +24,7 @@ static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__42b1a0a5f743(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__5c8214a24cec(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -51,5 +51,6 @@ extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
                            validate, error_flag, req_meta, split_table},
         part_o, part_lse, num_slots, nullptr,
+        nullptr,
         RequestMask{ }, 0.09016844005556021f);
 }

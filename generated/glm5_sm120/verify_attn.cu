@@ -31,7 +31,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_t64_sm120__9105396f7c45(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf16_t64_sm120__390c22f3a140(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,
@@ -59,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps1_bf
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, kv_indptr, kv_indices,
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
                            validate, error_flag, req_meta, split_table},
-        part_o, part_lse, num_slots, reinterpret_cast<const char*>(k_tree),
+        part_o, part_lse, num_slots, nullptr,
+        reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask }, 0.09016844005556021f);
 }

@@ -24,7 +24,7 @@ static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_bf16_st5_sm120__6ed1f39405b9(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_bf16_st5_sm120__a4f41dd2c72f(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,
@@ -51,5 +51,6 @@ extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_bf
         kgen::ScheduleArgs{qo_indptr, kv_lens, batch, target_ctas, min_split_tiles, min_splits, max_nodes, total_tokens,
                            validate, error_flag, req_meta, split_table},
         part_o, part_lse, num_slots, nullptr,
+        nullptr,
         RequestMask{ }, 0.09016844005556021f);
 }

@@ -71,6 +71,11 @@ class Design:
         """The model's TileWork from the SASS opcodes of the tile loop; None: not modeled yet."""
         return None
 
+    def tile_map_rows(self, spec: Spec, tiles: Tiles) -> int:
+        """Rows of a KV tile one tensor copy stages (a tensor map over the cache, kgen/tilemap.py,
+        made per layer by the host); 0: the design copies row by row only."""
+        return 0
+
     def batch_fits(self, tiles: Tiles, cubin_arch: Arch) -> list[Tiles]:
         """The tilings for_batch may turn the heuristic `tiles` into on `cubin_arch` (loaded with it)."""
         return []

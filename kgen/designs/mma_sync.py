@@ -117,6 +117,14 @@ class MmaSync(Design):
         """A shallow and a deep ring, and half-height KV tiles."""
         return [MmaSyncTiles(32, 32, 2, s) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4)]
 
+    def tile_map_rows(self, spec: Spec, tiles: MmaSyncTiles) -> int:
+        """Each CTA's slice of a tile (BN / cluster rows) where pages hold whole tiles, so a tile's
+        rows are consecutive slots, and the slice lands 128-byte aligned in the ring (a tensor
+        copy's destination) with rows of at most 256 8-byte elements (AttnConfig::TILE_COPIES)."""
+        stride, rows = tiles.layout(spec)["KV_STRIDE"], tiles.bn // tiles.cluster
+        whole = spec.cache.page_size % tiles.bn == 0 and (rows * stride) % 128 == 0 and stride % 16 == 0
+        return rows if whole and stride // 8 <= 256 else 0
+
     def batch_fits(self, tiles: MmaSyncTiles, cubin_arch: Arch) -> list[MmaSyncTiles]:
         return [replace(tiles, cluster=CLUSTER_ROWS)] if _clusters(tiles, cubin_arch) else []
 
