@@ -80,12 +80,13 @@ class AttentionEntry(KernelEntry):
             return [c.attention(self.name, "tree_attn.cu.j2", c.tree_constants, decls)]
         # prefix_attn, and verify_attn (which also takes each request's tree in its last split); a
         # design that copies whole tiles gets the cache as a tensor map too (kv_map, per layer)
-        map_rows = designs.of(c.tiles).tile_map_rows(c.spec, c.tiles)
+        box = designs.of(c.tiles).tile_box(c.spec, c.tiles)
         decls = (q, f"const {kv}* __restrict__ kv_cache", "float kv_scale", "const int* __restrict__ kv_indptr",
                  "const int* __restrict__ kv_indices", *SCHEDULE_PARAMS, *out, "long long num_slots",
-                 *((k_tree, mask) if self.tree else ()), *((TILE_MAP_PARAM,) if map_rows else ()))
-        constants = {"PAGE_SIZE": c.spec.cache.page_size, "FUSE_TREE": self.tree, "TILE_MAP_ROWS": map_rows,
-                     **({"TILE_MAP_STRIDE": c.tiles.layout(c.spec)["KV_STRIDE"]} if map_rows else {}),
+                 *((k_tree, mask) if self.tree else ()), *((TILE_MAP_PARAM,) if box else ()))
+        constants = {"PAGE_SIZE": c.spec.cache.page_size, "FUSE_TREE": self.tree,
+                     "TILE_MAP_ROWS": box.rows if box else 0,
+                     **({"TILE_MAP_BOX": box.box_bytes, "TILE_MAP_SWIZZLE": int(box.swizzle128)} if box else {}),
                      **(c.tree_constants if self.tree else {})}
         return [c.attention(self.name, "prefix_attn.cu.j2", constants, decls)]
 

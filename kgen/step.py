@@ -152,7 +152,7 @@ class Step:
         threads = COMBINE.threads(m.value_dim, rows, items, self.plan.tiles.bm, batch, ctx.loaded.target.sm_count)
         self._combine = (combine, COMBINE.grid(rows), threads, combine.layout.pack(**COMBINE.step_args(self)))
         self._launches: dict[AttentionEntry, tuple] = {}  # entry -> (kernel, grid, parameter block), on first use
-        self._map_boxes: dict[AttentionEntry, tuple[int, int, int]] = {}  # entry -> its tensor maps' box
+        self._map_boxes: dict[AttentionEntry, tuple[int, int, int, bool]] = {}  # entry -> its tensor maps' box
 
     def _check_tree(self, spec, tree_mask, num_tokens: int | None) -> int:
         """The step's token count; checks tree_mask and notes when tree kernels cannot run."""
@@ -269,8 +269,10 @@ class Step:
         kernel = self._kernels[entry.name]
         args = entry.step_args(self)
         rows = kernel.variant.constants.get("TILE_MAP_ROWS", 0)
-        if rows:  # (row bytes, staged stride, box rows) of its tensor maps
-            self._map_boxes[entry] = (kvrows.row_bytes(self._ctx.spec), kernel.variant.constants["TILE_MAP_STRIDE"], rows)
+        if rows:  # (row bytes, box bytes, box rows, swizzled) of its tensor maps
+            k = kernel.variant.constants
+            self._map_boxes[entry] = (kvrows.row_bytes(self._ctx.spec), k["TILE_MAP_BOX"], rows,
+                                      bool(k["TILE_MAP_SWIZZLE"]))
             args["kv_map"] = tilemap.EMPTY
         launch = self._launches[entry] = (kernel, entry.grid(self._capacity), kernel.layout.pack(**args))
         if self._schedule_table:

@@ -76,9 +76,13 @@ struct AttnConfig : Layout {
     static constexpr int EMPTY_ARRIVALS = CLUSTER == 1 ? CONSUMERS : CONSUMERS / 32 * CLUSTER;
     static constexpr int SLICE = BN / CLUSTER;  // rows of a tile each CTA's producer copies
     // A slice of staged rows may be one tensor copy (whole_tile): its destination 128-byte aligned,
-    // a row's box of 8-byte elements at most 256 (kgen/designs/mma_sync.py tile_map_rows: the same rule).
+    // a row's box of 8-byte elements at most 256 (kgen/designs/mma_sync.py tile_box: the same rule).
     static constexpr bool TILE_COPIES = (SLICE * Layout::KV_STRIDE) % 128 == 0 && Layout::KV_STRIDE % 16 == 0 &&
                                         Layout::KV_STRIDE / 8 <= 256;
+    // The host's tensor map boxes one slice of staged rows.
+    static constexpr bool tile_box_ok(int rows, int box_bytes, bool swizzled) {
+        return TILE_COPIES && rows == SLICE && box_bytes == Layout::KV_STRIDE && !swizzled;
+    }
     static constexpr int ROW_BLOCK_THREADS = 32 * DIM_GROUPS;    // the warps sharing a block of rows
     static constexpr int WARP_ROWS = BM / WARPS_M;
     static constexpr int M_TILES = WARP_ROWS / 16;
@@ -484,24 +488,25 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
         const PendingRow row = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, lane, num_keys, keys);
         const int stage = ring_wait_free<C>(smem, st.ring_pos);
-        char* dst = smem + (stage * C::BN + lane) * C::KV_STRIDE;
         if constexpr (tiles_in_pages<Keys, C::BN> && C::TILE_COPIES) {
             if (keys.whole_tile(tile * C::BN, C::BN, num_keys)) {  // warp-uniform
                 if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_STRIDE);
                 __syncwarp();
                 const int rank = C::CLUSTER > 1 ? (int)cluster_rank() : 0;
                 if (lane == rank * C::SLICE) {  // the first row of this CTA's slice: its slot starts the box
+                    char* slice = smem + (stage * C::BN + lane) * C::KV_STRIDE;
                     const int y = (int)keys.slot(row.j, row.fetched);
                     if constexpr (C::CLUSTER > 1)
-                        tile_copy_multicast(dst, keys.tile_map, y, ring_full<C>(smem, stage), (1u << C::CLUSTER) - 1);
+                        tile_copy_multicast(slice, keys.tile_map, 0, y, ring_full<C>(smem, stage), (1u << C::CLUSTER) - 1);
                     else
-                        tile_copy(dst, keys.tile_map, y, ring_full<C>(smem, stage));
+                        tile_copy(slice, keys.tile_map, 0, y, ring_full<C>(smem, stage));
                 }
                 continue;
             }
         }
         if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_ROW);
         __syncwarp();
+        char* dst = smem + (stage * C::BN + lane) * C::KV_STRIDE;
         if constexpr (C::CLUSTER > 1) {
             if (lane / C::SLICE == (int)cluster_rank())  // this CTA's slice, into every CTA's ring
                 bulk_copy_multicast(dst, keys.row(row.j, row.fetched), C::KV_ROW, ring_full<C>(smem, stage),

@@ -135,20 +135,21 @@ struct alignas(64) TileMap {
     unsigned long long words[16];
 };
 
-// Rows y .. y + box rows - 1 of the 2-D tensor `map` describes (a KV cache: 8-byte elements x
-// slots), each row's box of 8-byte elements to consecutive staged rows at dst (128-byte aligned);
-// box columns past the row's end land as zeros (the staged rows' padding). The bytes complete on
-// `bar`, and, with a cta_mask, the same copy lands at dst's offset in every cluster CTA it names.
-__device__ __forceinline__ void tile_copy(void* dst, const TileMap* map, int y, mbarrier* bar) {
+// The box of the 2-D tensor `map` describes (a KV cache: 8-byte elements x slots) at element x of
+// rows y, y + 1, ... to dst (128-byte aligned; 1024 with the map's 128-byte swizzle), as the map
+// lays it out: staged rows, box columns past a row's end landing as zeros (its padding), or one
+// swizzled column block. The bytes complete on `bar`, and, with a cta_mask, the same copy lands at
+// dst's offset in every cluster CTA it names.
+__device__ __forceinline__ void tile_copy(void* dst, const TileMap* map, int x, int y, mbarrier* bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%2, %3}], [%4];\n"
-                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(y), "r"(smem_addr(bar)) : "memory");
+                 :: "r"(smem_addr(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
 }
-__device__ __forceinline__ void tile_copy_multicast(void* dst, const TileMap* map, int y, mbarrier* bar,
+__device__ __forceinline__ void tile_copy_multicast(void* dst, const TileMap* map, int x, int y, mbarrier* bar,
                                                     unsigned short cta_mask) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
                  " [%0], [%1, {%2, %3}], [%4], %5;\n"
-                 :: "r"(smem_addr(dst)), "l"(map), "r"(0), "r"(y), "r"(smem_addr(bar)), "h"(cta_mask) : "memory");
+                 :: "r"(smem_addr(dst)), "l"(map), "r"(x), "r"(y), "r"(smem_addr(bar)), "h"(cta_mask) : "memory");
 }
 
 // A float from shared memory, loaded where it is used (volatile: the compiler may not keep an

@@ -71,11 +71,13 @@ struct PagedRows {
         }
         return kv_cache + s * ROW_BYTES;
     }
+    // Whether tensor copies may stage tiles at all: a map, and no slot check to make (validate
+    // copies row by row, checking each).
+    __device__ __forceinline__ bool tile_copies() const { return tile_map != nullptr && !validate; }
     // Whether tokens [t0, t0 + rows) are all keys and one tensor copy may stage them: each is in t0's
-    // page (the caller's tiles never cross one: PAGE_SIZE % rows == 0, t0 a multiple of rows), and
-    // there is no slot check to make (validate copies row by row, checking each).
+    // page (the caller's tiles never cross one: PAGE_SIZE % rows == 0, t0 a multiple of rows).
     __device__ __forceinline__ bool whole_tile(int t0, int rows, int num_keys) const {
-        return tile_map != nullptr && !validate && t0 + rows <= num_keys;
+        return tile_copies() && t0 + rows <= num_keys;
     }
 };
 

@@ -46,6 +46,11 @@ struct WgRing : Layout {
     static_assert(!KV_SCALED || (KV_FP8 && Row::SCALE_OFF % 16 == 0 && Row::ROPE_OFF == Row::SCALE_OFF + 16 &&
                                  Row::ROPE_OFF % 16 == 0),
                   "DSA rows: the 4 scales are one 16-byte chunk, the rope after (copy_row_rest)");
+    // bf16 rows of a tile of consecutive slots: one tensor copy per column block (kgen/designs/wgmma.py
+    // tile_box), its 128-byte swizzle the ring's (sw128_offset), each block 1024-byte aligned.
+    static constexpr bool tile_box_ok(int rows, int box_bytes, bool swizzled) {
+        return !KV_FP8 && rows == BN && box_bytes == 128 && swizzled;
+    }
 };
 
 // ---- fp8 rows: raw stages and their conversion into the bf16 ring ----
@@ -146,17 +151,38 @@ __device__ __forceinline__ void wg_produce_fp8(char* smem, int& ring_pos, const 
 }
 
 // Producer thread p (of 128) stages 16-byte chunks sub, sub + ROW_THREADS, ... of row p / ROW_THREADS
-// of every tile of the range, as soon as the consumers free a stage.
+// of every tile of the range, as soon as the consumers free a stage. A tile of consecutive slots
+// (Keys::whole_tile) is one tensor copy per column block instead, issued by row 0's first thread
+// (the others only arrive: the barrier counts every producer thread either way).
 template <class C, class Keys>
 __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys& keys, int num_keys, int tile_begin,
                                            int tile_end) {
     if (tile_begin >= tile_end) return;
     const int row = threadIdx.x / C::ROW_THREADS, sub = threadIdx.x % C::ROW_THREADS;
+    // the range's whole tiles (uniform over the warpgroup): all but a partial last one
+    int whole_end = tile_begin;
+    if constexpr (tiles_in_pages<Keys, C::BN>)
+        if (keys.tile_copies()) whole_end = min(tile_end, num_keys / C::BN);
     PendingRow next = fetch_row<C::BN>(tile_begin, row, num_keys, keys);
     for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
         const PendingRow cur = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, row, num_keys, keys);
         const int stage = ring_wait_free<C>(smem, ring_pos);
+        if constexpr (tiles_in_pages<Keys, C::BN>) {
+            if (tile < whole_end) {
+                if (threadIdx.x == 0) {
+                    mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::ROW_CHUNKS * 16);
+                    const int y = (int)keys.slot(cur.j, cur.fetched);
+#pragma unroll
+                    for (int b = 0; b < C::ROW_CHUNKS / 8; ++b)  // 128-byte column blocks: 16 8-byte elements
+                        tile_copy(smem + stage * C::STAGE_BYTES + b * C::SLAB, keys.tile_map, 16 * b, y,
+                                  ring_full<C>(smem, stage));
+                } else {
+                    mbar_arrive(ring_full<C>(smem, stage));
+                }
+                continue;
+            }
+        }
         const char* src = keys.row(cur.j, cur.fetched);
         char* dst = smem + stage * C::STAGE_BYTES;
 #pragma unroll

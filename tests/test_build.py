@@ -89,6 +89,18 @@ def test_the_sm120_plan_copies_whole_tiles_where_pages_hold_them(path, arch, cac
             assert b.sass.get("UTMALDG", 0) == 0, b.variant.name
 
 
+@pytest.mark.parametrize("path", [p for p in SHIPPED if kgen.load_spec(p).cache.page_size % 32 == 0
+                                  and kgen.load_spec(p).cache.kv_dtype == "bfloat16"], ids=lambda p: p.stem)
+def test_the_sm90_plan_copies_whole_bf16_tiles_as_swizzled_column_blocks(path, cache):
+    """The seesaw ring over bf16 rows at page size 64: a full tile is 9 tensor copies (one per 128-byte
+    column block, in the ring's swizzle) issued by one producer thread, partial tiles cp.async."""
+    p = plan(kgen.load_spec(path), "sm_90")
+    for b in build(p, ["sm_90"], cache, inspect=True):
+        if b.variant.kernel in ("prefix_attn", "verify_attn"):
+            assert (b.variant.constants["TILE_MAP_BOX"], b.variant.constants["TILE_MAP_SWIZZLE"]) == (128, 1)
+            assert b.sass["UTMALDG"] >= 1 and b.sass["LDGSTS"] >= 1, (b.variant.name, b.sass)
+
+
 def emulated_e4m3_spill_limit(spec, arch: str) -> int:
     """sm_90 has no e4m3 mma.sync: ptxas unpacks both operands of every emulated e4m3 MMA, and at
     the 168-register cap of the producer-warp loop a few words of fp8 verify spill there. The

@@ -21,7 +21,12 @@ from kgen import fp8, tilemap
 from kgen.arch import Target, get_arch
 from kgen.choice import PlanChoice
 from kgen.designs import mma_sync as mma_sync_design
+from kgen.designs import seesaw as seesaw_design
+from kgen.designs import wgmma as wgmma_design
+from kgen.designs.base import TileBox
 from kgen.designs.mma_sync import MmaSyncTiles
+from kgen.designs.seesaw import SeesawTiles
+from kgen.designs.wgmma import WgmmaTiles
 from kgen.device import ZERO_LENS, DeviceState
 from kgen.kernels import COMBINE, PREFIX
 from kgen.loading import LoadedPlans
@@ -535,7 +540,7 @@ def test_a_layer_call_passes_its_cache_as_a_tensor_map_where_pages_hold_whole_ti
         step.verify(y.q, y.kv_cache, y.k_tree)
     stride, rows = mod.plan.tiles.layout(mod.spec)["KV_STRIDE"], mod.plan.tiles.bn
     assert (stride, rows) == (1168, 32), "bf16 rows padded to an odd count of 16-byte chunks, a 32-row tile"
-    keys = [(y.kv_cache.data_ptr(), y.kv_cache.shape[0], 1152, stride, rows) for y in layers]
+    keys = [(y.kv_cache.data_ptr(), y.kv_cache.shape[0], 1152, stride, rows, False) for y in layers]
     assert maps.made == keys, "one map per layer's cache"
     verify = [args for name, _, args in launched(mod) if name == "verify_attn"]
     assert [a["kv_map"] for a in verify] == [bytes(maps.get(*k)) for k in keys + keys]
@@ -550,20 +555,36 @@ def test_kernels_that_cannot_copy_whole_tiles_take_no_tensor_map():
     assert maps.made == [] and all("kv_map" not in args for _, _, args in launched(mod))
 
 
+def with_page(spec_name: str, page: int):
+    spec = spec_named(spec_name)
+    return spec.model_copy(update={"cache": spec.cache.model_copy(update={"page_size": page})})
+
+
 @pytest.mark.parametrize("page, bn, cluster, rows", [
     (1, 32, 1, 0), (16, 32, 1, 0),  # a tile spans pages
     (64, 32, 1, 32), (64, 32, 2, 16), (32, 16, 2, 8),
     (64, 16, 4, 0),  # a 4-row slice of 1168-byte rows does not start 128-byte aligned
 ])
-def test_the_tile_map_rule_needs_tiles_within_pages_and_aligned_slices(page, bn, cluster, rows):
-    spec = spec_named("glm5_sm120")
-    spec = spec.model_copy(update={"cache": spec.cache.model_copy(update={"page_size": page})})
+def test_the_mma_sync_loop_boxes_a_slice_of_staged_rows_where_pages_hold_whole_tiles(page, bn, cluster, rows):
     tiles = MmaSyncTiles(bm=32, bn=bn, warps_m=2, stages=2, cluster=cluster)
-    assert mma_sync_design.DESIGN.tile_map_rows(spec, tiles) == rows
+    box = mma_sync_design.DESIGN.tile_box(with_page("glm5_sm120", page), tiles)
+    assert box == (TileBox(rows, 1168) if rows else None)
+
+
+@pytest.mark.parametrize("spec_name, page, boxed", [
+    ("glm5_sm120", 64, True), ("glm5_sm120", 1, False), ("glm5_sm120", 16, False),
+    ("glm5_fp8_sm120", 64, False),  # fp8 rows go through the producer's conversion
+])
+def test_the_sm90_rings_box_swizzled_column_blocks_of_bf16_tiles_within_pages(spec_name, page, boxed):
+    spec = with_page(spec_name, page)
+    for design, tiles in ((seesaw_design.DESIGN, SeesawTiles()), (wgmma_design.DESIGN, WgmmaTiles(bn=32, stages=4))):
+        assert design.tile_box(spec, tiles) == (TileBox(32, 128, swizzle128=True) if boxed else None)
 
 
 def test_tile_maps_are_checked_before_the_driver_is_asked():
     with pytest.raises(ValueError, match="cannot be tensor-copied"):
         tilemap.encode(0x1008, 100, 1152, 1168, 32)  # an address the copy engine cannot start at
+    with pytest.raises(ValueError, match="cannot be tensor-copied"):
+        tilemap.encode(0x1000, 100, 1152, 256, 32, swizzle128=True)  # the swizzle spans 128 bytes
     with pytest.raises(ValueError, match="outside what a tensor copy addresses"):
         tilemap.encode(0x1000, 2**31, 1152, 1168, 32)

@@ -21,12 +21,12 @@ struct Layout {
 };
 using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
-static_assert(Cfg::TILE_COPIES && Cfg::SLICE == 32 && Cfg::KV_STRIDE == 1168,
-              "the host's tensor map (kgen/tilemap.py) boxes one slice of staged rows");
+static_assert(Cfg::tile_box_ok(32, 1168, 0),
+              "the host's tensor map (kgen/tilemap.py) boxes what the loop's producer copies");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__cd9dd4f2d194(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__18b0b9641052(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -21,8 +21,8 @@ struct Layout {
 };
 using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
-static_assert(Cfg::TILE_COPIES && Cfg::SLICE == 32 && Cfg::KV_STRIDE == 1168,
-              "the host's tensor map (kgen/tilemap.py) boxes one slice of staged rows");
+static_assert(Cfg::tile_box_ok(32, 1168, 0),
+              "the host's tensor map (kgen/tilemap.py) boxes what the loop's producer copies");
 constexpr int MASK_WORDS = 1;
 
 // The mask rows of the request whose first tree token is qo0.
@@ -33,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__c0d2050cd0e0(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__f208508ae9ae(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -21,8 +21,8 @@ struct Layout {
 };
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;
 static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
-static_assert(Cfg::TILE_COPIES && Cfg::SLICE == 32 && Cfg::KV_STRIDE == 656,
-              "the host's tensor map (kgen/tilemap.py) boxes one slice of staged rows");
+static_assert(Cfg::tile_box_ok(32, 656, 0),
+              "the host's tensor map (kgen/tilemap.py) boxes what the loop's producer copies");
 constexpr int MASK_WORDS = 2;
 
 // The mask rows of the request whose first tree token is qo0.
@@ -33,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__88b83db4d0b9(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__0810bf01379d(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

@@ -22,6 +22,18 @@ from ..errors import PlanError
 from ..spec import Spec
 
 
+@dataclass(frozen=True)
+class TileBox:
+    """How a design stages a KV tile of consecutive slots with tensor copies (kgen/tilemap.py makes
+    the cache's map): `rows` rows a copy (a CTA's slice of the tile), each `box_bytes` of the row
+    from its start — a staged row, its padding past the cache row landing as zeros — or, swizzled
+    (`swizzle128`), one 128-byte column block a copy, in the 128-byte swizzle wgmma reads."""
+
+    rows: int
+    box_bytes: int
+    swizzle128: bool = False
+
+
 class Tiles(Protocol):
     """A design's tiling: what every design's tiles dataclass provides."""
 
@@ -71,10 +83,11 @@ class Design:
         """The model's TileWork from the SASS opcodes of the tile loop; None: not modeled yet."""
         return None
 
-    def tile_map_rows(self, spec: Spec, tiles: Tiles) -> int:
-        """Rows of a KV tile one tensor copy stages (a tensor map over the cache, kgen/tilemap.py,
-        made per layer by the host); 0: the design copies row by row only."""
-        return 0
+    def tile_box(self, spec: Spec, tiles: Tiles) -> TileBox | None:
+        """How the design's producer stages a KV tile of consecutive slots (pages of whole tiles) with
+        tensor copies over a map of the cache (kgen/tilemap.py, made per layer by the host); None: it
+        copies row by row only."""
+        return None
 
     def batch_fits(self, tiles: Tiles, cubin_arch: Arch) -> list[Tiles]:
         """The tilings for_batch may turn the heuristic `tiles` into on `cubin_arch` (loaded with it)."""

@@ -15,7 +15,7 @@ from .. import kvrows
 from ..arch import Arch
 from ..errors import PlanError
 from ..spec import Spec
-from .base import Design, TileWork, check, render_config, tile_work_from_loop
+from .base import Design, TileBox, TileWork, check, render_config, tile_work_from_loop
 
 DIM_GROUPS = 4  # warps split the 576 key dims / 512 value dims into 4 groups
 # Row tiles a cluster shares where the GPU multicasts fast (Arch.multicast_fast) and a request has
@@ -117,13 +117,14 @@ class MmaSync(Design):
         """A shallow and a deep ring, and half-height KV tiles."""
         return [MmaSyncTiles(32, 32, 2, s) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4)]
 
-    def tile_map_rows(self, spec: Spec, tiles: MmaSyncTiles) -> int:
-        """Each CTA's slice of a tile (BN / cluster rows) where pages hold whole tiles, so a tile's
-        rows are consecutive slots, and the slice lands 128-byte aligned in the ring (a tensor
-        copy's destination) with rows of at most 256 8-byte elements (AttnConfig::TILE_COPIES)."""
+    def tile_box(self, spec: Spec, tiles: MmaSyncTiles) -> TileBox | None:
+        """Each CTA's slice of a tile (BN / cluster staged rows, padding included) where pages hold
+        whole tiles, so a tile's rows are consecutive slots, and the slice lands 128-byte aligned in
+        the ring (a tensor copy's destination) with rows of at most 256 8-byte elements
+        (AttnConfig::tile_box_ok: the same rule)."""
         stride, rows = tiles.layout(spec)["KV_STRIDE"], tiles.bn // tiles.cluster
         whole = spec.cache.page_size % tiles.bn == 0 and (rows * stride) % 128 == 0 and stride % 16 == 0
-        return rows if whole and stride // 8 <= 256 else 0
+        return TileBox(rows, stride) if whole and stride // 8 <= 256 else None
 
     def batch_fits(self, tiles: MmaSyncTiles, cubin_arch: Arch) -> list[MmaSyncTiles]:
         return [replace(tiles, cluster=CLUSTER_ROWS)] if _clusters(tiles, cubin_arch) else []

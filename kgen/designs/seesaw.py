@@ -15,8 +15,8 @@ from typing import ClassVar
 
 from ..arch import Arch
 from ..spec import Spec
-from .base import Design, TileWork, check
-from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows, deepest_ring, ring_config, wgmma_tile_work
+from .base import Design, TileBox, TileWork, check
+from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows, deepest_ring, ring_config, ring_tile_box, wgmma_tile_work
 
 Q_REG_STEPS = 4  # Q·K's last k16 steps (the rope) read Q from registers; the rest from shared memory
 ROW_VALUES = 6  # per-row fp32 values the consumers pass: m0, alpha, m1, beta, two row sums
@@ -85,6 +85,9 @@ class Seesaw(Design):
         buckets at main's code (v37; level at v23)."""
         check(spec.cache.mma_type in ("bf16", "f16"), f"{spec.name}: e4m3 MMAs (cache.mma e4m3) are the mma.sync loop's")
         return deepest_ring(spec, arch, lambda stages: SeesawTiles(stages=stages), "seesaw")
+
+    def tile_box(self, spec: Spec, tiles: SeesawTiles) -> TileBox | None:
+        return ring_tile_box(spec, tiles)
 
     def candidates(self, spec: Spec, arch: Arch) -> list[SeesawTiles]:
         if spec.cache.mma_type not in ("bf16", "f16"):

@@ -14,7 +14,7 @@ from typing import Callable, ClassVar
 from ..arch import Arch
 from ..spec import Spec
 from .. import kvrows
-from .base import Design, Tiles, TileWork, _mma, check, fitting, render_config, tile_work_from_loop
+from .base import Design, TileBox, Tiles, TileWork, _mma, check, fitting, render_config, tile_work_from_loop
 BM = 64  # packed rows per CTA: one m64 wgmma
 # k16 steps of Q·K per consumer with Q in registers (A operand); the rest read smem. The DSA pool's
 # rows hold a second score accumulator and a second P (16 + 8 registers): all of Q goes to smem.
@@ -41,6 +41,15 @@ def converted_rows(spec: Spec, bn: int, stages: int, layout: dict[str, int], end
         layout.update(SCALE_OFF=end)
         end += stages * SCALE_BLOCKS * bn * 4
     return end
+
+
+def ring_tile_box(spec: Spec, tiles: Tiles) -> TileBox | None:
+    """The sm_90 loops' ring over bf16 rows where pages hold whole tiles: each tile one tensor copy
+    per 128-byte column block, swizzled as the ring is (WgRing::tile_box_ok: the same rule). fp8 rows
+    go through the producer's conversion and keep their row copies."""
+    row = kvrows.row_bytes(spec)
+    whole = spec.cache.kv_dtype == "bfloat16" and spec.cache.page_size % tiles.bn == 0 and row % 128 == 0
+    return TileBox(tiles.bn, 128, swizzle128=True) if whole else None
 
 
 def ring_config(spec: Spec, tiles, what: str, config: str) -> str:
@@ -119,6 +128,9 @@ class Wgmma(Design):
     requires = ("wgmma",)
     sass_expect = ("HGMMA", "LDGSTS")  # warpgroup MMAs fed by cp.async
     modeled = True
+
+    def tile_box(self, spec: Spec, tiles: WgmmaTiles) -> TileBox | None:
+        return ring_tile_box(spec, tiles)
 
     def choose(self, spec: Spec, arch: Arch) -> WgmmaTiles:
         """The deepest ring that fits (bf16 rows: 4 stages; fp8 rows: 3 beside the raw stages, the
