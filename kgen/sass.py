@@ -149,8 +149,8 @@ def local_memory_count(c: dict[str, int]) -> int:
 
 def summary(c: dict[str, int]) -> str:
     """One line for tables; zero classes left out except LDL/STL:
-    "HMMA 68 LDSM 45 UBLKCP 3 LDG 128x1,32x9 STG 64x32,32x1 LDL/STL 0/0 BAR 6"."""
-    parts = [f"{k} {n}" for k, n in c.items() if n and (k.endswith("MMA") or k in ("LDSM", "UBLKCP", "LDGSTS"))]
+    "HMMA 68 LDSM 45 UBLKCP 3 LDG 128x1,32x9 STG 64x32,32x1 LDL/STL 0/0 BAR 6"; UTMALDG (tensor copies) where any."""
+    parts = [f"{k} {n}" for k, n in c.items() if n and (k.endswith("MMA") or k in ("LDSM", "UBLKCP", "UTMALDG", "LDGSTS"))]
     for base in ("LDG", "STG"):
         widths = sorted(((int(k.split(".")[1]), n) for k, n in c.items() if k.startswith(base + ".")), reverse=True)
         if widths:

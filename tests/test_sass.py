@@ -75,14 +75,15 @@ def test_sass_counts_are_cached_in_the_entry_and_match_a_fresh_disassembly(built
 def test_counts_classify_opcodes():
     text = "\n".join(f"        /*{i * 16:04x}*/  {op} ;" for i, op in enumerate([
         "HMMA.16816.F32.BF16 R4, R8, R12, R4", "QMMA.16832.F32.E4M3.E4M3 R8, R8, R12, RZ",
-        "LDSM.16.M88.4 R4, [R2]", "UBLKCP.S.G [UR8], [UR6], UR4",
+        "LDSM.16.M88.4 R4, [R2]", "UBLKCP.S.G [UR8], [UR6], UR4", "UTMALDG.2D [UR8], [UR4]",
         "@!P0 LDG.E.128.CONSTANT R20, desc[UR6][R2.64]", "LDG.E R2, desc[UR6][R2.64]",
         "@P1 LDG.E.U8 R2, desc[UR6][R2.64]", "STG.E.64 desc[UR6][R2.64], R4", "STL.64 [R1], R4",
         "LDL R4, [R1+0x8]", "BAR.SYNC.DEFER_BLOCKING 0x0", "MEMBAR.SC.GPU", "LDGDEPBAR", "EXIT"]))
     c = sass.count_text(text)
     assert c == {"HMMA": 1, "LDSM": 1, "UBLKCP": 1, "LDG": 3, "STG": 1, "LDL": 1, "STL": 1, "BAR": 1,
-                 "LDG.128": 1, "LDG.32": 1, "LDG.8": 1, "QMMA": 1, "STG.64": 1}
+                 "LDG.128": 1, "LDG.32": 1, "LDG.8": 1, "QMMA": 1, "STG.64": 1, "UTMALDG": 1}
     assert sass.mma_count(c) == 2
+    assert "UTMALDG 1" in sass.summary(c)  # tables say where tensor copies stage the KV
 
 
 def test_forced_register_cap_spills_and_fails_the_checks():
