@@ -75,7 +75,7 @@ struct AttnConfig : Layout {
     // Who frees a stage: every compute thread; in a cluster, each compute warp of every CTA.
     static constexpr int EMPTY_ARRIVALS = CLUSTER == 1 ? CONSUMERS : CONSUMERS / 32 * CLUSTER;
     static constexpr int SLICE = BN / CLUSTER;  // rows of a tile each CTA's producer copies
-    // A slice of staged rows may be one tensor copy (whole_tile): its destination 128-byte aligned,
+    // A slice of staged rows may be one tensor copy (whole_tiles_end): its destination 128-byte aligned,
     // a row's box of 8-byte elements at most 256 (kgen/designs/mma_sync.py tile_box: the same rule).
     static constexpr bool TILE_COPIES = (SLICE * Layout::KV_STRIDE) % 128 == 0 && Layout::KV_STRIDE % 16 == 0 &&
                                         Layout::KV_STRIDE / 8 <= 256;
@@ -476,20 +476,21 @@ __device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, co
 
 // Producer: stage key rows [tile*BN, tile*BN + BN) of each tile of [tile_begin, tile_end) into
 // the ring, one bulk copy per row (lane), as soon as the compute warps free a stage. A tile of
-// consecutive slots (Keys::whole_tile) is one tensor copy of each CTA's slice instead: the copy
+// consecutive slots (whole_tiles_end) is one tensor copy of each CTA's slice instead: the copy
 // engine takes one request for what 32 row copies asked (bench/NOTES.md v40).
 template <class C, class Keys>
 __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
                                             int tile_begin, int tile_end) {
     if (tile_begin >= tile_end) return;  // (an empty range may have no keys to fetch)
     const int lane = threadIdx.x % 32;
+    const int whole_end = C::TILE_COPIES ? whole_tiles_end<C::BN>(keys, num_keys, tile_begin, tile_end) : tile_begin;
     PendingRow next = fetch_row<C::BN>(tile_begin, lane, num_keys, keys);
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
         const PendingRow row = next;
         if (tile + 1 < tile_end) next = fetch_row<C::BN>(tile + 1, lane, num_keys, keys);
         const int stage = ring_wait_free<C>(smem, st.ring_pos);
         if constexpr (tiles_in_pages<Keys, C::BN> && C::TILE_COPIES) {
-            if (keys.whole_tile(tile * C::BN, C::BN, num_keys)) {  // warp-uniform
+            if (tile < whole_end) {
                 if (lane == 0) mbar_arrive_expect_tx(ring_full<C>(smem, stage), C::BN * C::KV_STRIDE);
                 __syncwarp();
                 const int rank = C::CLUSTER > 1 ? (int)cluster_rank() : 0;

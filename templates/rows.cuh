@@ -49,7 +49,7 @@ using KeyRows = ContiguousRows<C::KV_ROW>;  // key rows in the cache's format
 // page_ids[t / PAGE_SIZE] * PAGE_SIZE + t % PAGE_SIZE. With `validate`, a token outside the
 // request's pages or the cache raises bit 2 of the error flag and reads slot 0 instead.
 // tile_map (or null): the cache as a tensor map, for producers that copy a tile of rows that share
-// a page with one tensor copy (whole_tile).
+// a page with one tensor copy (whole_tiles_end).
 template <int ROW_BYTES, int PAGE_SIZE_>
 struct PagedRows {
     static constexpr int PAGE_SIZE = PAGE_SIZE_;
@@ -71,13 +71,11 @@ struct PagedRows {
         }
         return kv_cache + s * ROW_BYTES;
     }
-    // Whether tensor copies may stage tiles at all: a map, and no slot check to make (validate
-    // copies row by row, checking each).
-    __device__ __forceinline__ bool tile_copies() const { return tile_map != nullptr && !validate; }
-    // Whether tokens [t0, t0 + rows) are all keys and one tensor copy may stage them: each is in t0's
-    // page (the caller's tiles never cross one: PAGE_SIZE % rows == 0, t0 a multiple of rows).
-    __device__ __forceinline__ bool whole_tile(int t0, int rows, int num_keys) const {
-        return tile_copies() && t0 + rows <= num_keys;
+    // How many leading tiles of `rows` tokens tensor copies may stage whole: every full tile (each
+    // lies in one page: callers tile pages exactly, tiles_in_pages), or none without a map or when
+    // validating (validate copies row by row, checking each slot).
+    __device__ __forceinline__ int whole_tiles(int rows, int num_keys) const {
+        return tile_map != nullptr && !validate ? num_keys / rows : 0;
     }
 };
 
@@ -86,6 +84,15 @@ template <class Rows, int rows>
 constexpr bool tiles_in_pages = false;
 template <int ROW_BYTES, int PAGE_SIZE, int rows>
 constexpr bool tiles_in_pages<PagedRows<ROW_BYTES, PAGE_SIZE>, rows> = PAGE_SIZE % rows == 0;
+
+// The end of a range's leading whole tiles (tile_begin when none): the producers stage tiles
+// [tile_begin, end) with tensor copies and the rest row by row. Computed once per range, uniform
+// over the CTA.
+template <int BN, class Keys>
+__device__ __forceinline__ int whole_tiles_end(const Keys& keys, int num_keys, int tile_begin, int tile_end) {
+    if constexpr (tiles_in_pages<Keys, BN>) return max(tile_begin, min(tile_end, keys.whole_tiles(BN, num_keys)));
+    else return tile_begin;
+}
 
 // Every query row sees every key (a prefix).
 struct AllVisible {

@@ -152,17 +152,14 @@ __device__ __forceinline__ void wg_produce_fp8(char* smem, int& ring_pos, const 
 
 // Producer thread p (of 128) stages 16-byte chunks sub, sub + ROW_THREADS, ... of row p / ROW_THREADS
 // of every tile of the range, as soon as the consumers free a stage. A tile of consecutive slots
-// (Keys::whole_tile) is one tensor copy per column block instead, issued by row 0's first thread
+// (whole_tiles_end) is one tensor copy per column block instead, issued by row 0's first thread
 // (the others only arrive: the barrier counts every producer thread either way).
 template <class C, class Keys>
 __device__ __forceinline__ void wg_produce(char* smem, int& ring_pos, const Keys& keys, int num_keys, int tile_begin,
                                            int tile_end) {
     if (tile_begin >= tile_end) return;
     const int row = threadIdx.x / C::ROW_THREADS, sub = threadIdx.x % C::ROW_THREADS;
-    // the range's whole tiles (uniform over the warpgroup): all but a partial last one
-    int whole_end = tile_begin;
-    if constexpr (tiles_in_pages<Keys, C::BN>)
-        if (keys.tile_copies()) whole_end = min(tile_end, num_keys / C::BN);
+    const int whole_end = whole_tiles_end<C::BN>(keys, num_keys, tile_begin, tile_end);
     PendingRow next = fetch_row<C::BN>(tile_begin, row, num_keys, keys);
     for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
         const PendingRow cur = next;
