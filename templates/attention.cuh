@@ -39,12 +39,18 @@
 // - Q·K: the group's latent k-steps accumulate <q, k_blk> of the raw bytes; the accumulator is
 //   multiplied by each key's block-g scale before the rope steps add theirs (scale_block_scores),
 //   and the 4 partials are summed as always.
-// - P·V: the scale varies along P·V's k dimension (the keys), so it must enter an operand. The
-//   reducers fold it into P in fp32, one P per group: p * scale_g / ref_g, rounded once to the
-//   MMA type just as p alone would be (store_scaled_p). ref_g, per row, is a power of two at or
-//   above the largest p * scale_g the row has met, kept like a second running max, so P stays
-//   <= 1 and keeps its precision whatever the cache's magnitudes; the group's O is held in units
-//   of ref_g and rescaled with alpha when ref_g moves, and the final 1/l carries ref_g.
+// - P·V: the scale varies along P·V's k dimension (the keys), so it must enter an operand.
+//   f16 mode (V_SCALED): V's. Each P·V warp multiplies its V fragments (group g's dims: block g)
+//   by their keys' scale over the warp's reference R, a power of two at or above every block-g
+//   scale the warp has met, in f16, rounded once (tile_v_scales): the products stay within e4m3's
+//   448 and the large terms keep f16's precision, P stays one copy, and the warp's O is held in
+//   units of R (rescaled when R moves up; the final store multiplies R back). bench/NOTES.md v45.
+//   e4m3 mode: P's (V's bytes go to the MMA as they are). The reducers fold the scale into P in
+//   fp32, one P per group: p * scale_g / ref_g, rounded once to e4m3 just as p alone would be
+//   (store_scaled_p). ref_g, per row, is a power of two at or above the largest p * scale_g the
+//   row has met, kept like a second running max, so P stays <= 1 and keeps its precision whatever
+//   the cache's magnitudes; the group's O is held in units of ref_g and rescaled with alpha when
+//   ref_g moves, and the final 1/l carries ref_g.
 #pragma once
 #include "kgen/mma_fragments.cuh"
 
@@ -67,6 +73,8 @@ struct AttnConfig : Layout {
     static constexpr bool MMA_E4M3 = MMA_E4M3_;           // fp8 KV: Q and P in e4m3 too
     static constexpr bool KV_SCALED = KV_SCALED_;         // fp8 KV in the DSA pool's rows (per-block scales)
     static constexpr bool MMA_F16 = KV_FP8 && !MMA_E4M3;  // fp8 KV converted to f16 in registers
+    // scaled rows' block scales enter P·V through V (the plan's choice: kgen/designs/mma_sync.py scales_in_v)
+    static constexpr bool V_SCALED = KV_SCALED && MMA_F16 && Layout::SCALES_IN_V;
     static constexpr int KV_ELEM = KV_FP8 ? 1 : 2;        // bytes per KV element
     static constexpr int P_ELEM = MMA_E4M3 ? 1 : 2;       // bytes per staged probability
     static constexpr int ROPE = D - DV;
@@ -103,8 +111,9 @@ struct AttnConfig : Layout {
     static constexpr int SCALE_BLOCK = Scaled::SCALE_BLOCK, SCALE_OFF = Scaled::SCALE_OFF, ROPE_OFF = Scaled::ROPE_OFF;
     static constexpr int KV_ROW = KV_SCALED ? Scaled::BYTES : D * KV_ELEM;  // bytes per KV row
     static constexpr int Q_ROW = D * 2;                         // bytes per (bf16) query row
-    // Scaled rows: each warp group has its own P (and rescale factors, and 1/l) carrying its block's scales.
-    static constexpr int P_COPIES = KV_SCALED ? DIM_GROUPS : 1;
+    // Scaled rows in e4m3 mode: each warp group has its own P (and rescale factors, and 1/l) carrying its
+    // block's scales.
+    static constexpr int P_COPIES = KV_SCALED && !V_SCALED ? DIM_GROUPS : 1;
     using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
@@ -116,6 +125,7 @@ struct AttnConfig : Layout {
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
     static_assert(BN % K_BLOCK == 0 && BN % V_BLOCK == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
     static_assert(KV_FP8 || !MMA_E4M3, "e4m3 MMAs need an e4m3 cache");
+    static_assert(!V_SCALED || BN == 32, "scaled rows in f16 mode: a tile's key k is lane k (tile_v_scales)");
     static_assert(!KV_SCALED || (KV_FP8 && DV_G == SCALE_BLOCK && DIM_GROUPS == 4 && ROPE > 0 && ROPE % 16 == 0),
                   "scaled rows: each warp group's value dims are one scale block (read as a float4 of scales)");
     static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
@@ -165,7 +175,8 @@ struct AttnState {
     float row_max, row_sum;
     float score_scale;  // raw MMA score of row red_row -> log2-domain logit
     float out_scale;    // P·V accumulator -> value units, before 1/l
-    unsigned block_ref;  // scaled rows: row red_row's P reference per group, 2^(e - 127), byte g = e (store_scaled_p)
+    unsigned block_ref;  // scaled rows, e4m3 mode: row red_row's P reference per group, 2^(e - 127), byte g = e (store_scaled_p)
+    int v_exp;           // scaled rows, f16 mode: this warp's V reference R = 2^(v_exp - 127) (tile_v_scale)
     int ring_pos;       // KV tiles that have passed through the ring (all ranges so far)
 };
 
@@ -327,6 +338,7 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
         st.row_max = neg_inf();
         st.row_sum = 0.f;
         st.block_ref = 0x01010101u;  // 2^-126 each: no scale seen yet
+        st.v_exp = 1;
     }
     // Q is in registers: the ring may be refilled (in a cluster, by any CTA's producer, once every
     // CTA has its Q: the sync also makes the barriers set up above visible to the peers).
@@ -445,9 +457,30 @@ __device__ __forceinline__ void store_scaled_p(AttnState<C>& st, const char* kt,
     }
 }
 
-// o_acc += P · V for this warp's rows and value dims over one staged tile.
+// Scaled rows in f16 mode: this warp's V operand scale for staged tile kt, lane k's for key k (its
+// block-`group` scale over the warp's reference R, as scaled_value_fragments takes it). R is a power
+// of two at or above the largest scale the warp has met, so |scale / R| <= 1; when a tile brings a
+// larger one R moves up, and `factor` (old R / new R, else 1) rescales the warp's O, which is held
+// in units of R.
 template <class C>
-__device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, const char* kt, const WarpCoords& w) {
+__device__ __forceinline__ float tile_v_scale(AttnState<C>& st, const char* kt, const WarpCoords& w, float& factor) {
+    const float scale = lds_f32(kt + w.lane * C::KV_STRIDE + C::SCALE_OFF + 4 * w.group);
+    // the largest magnitude of the tile's scales: the bits of |x| order as the values
+    const unsigned top = __reduce_max_sync(0xffffffffu, __float_as_uint(scale) & 0x7fffffffu);
+    const int e = pow2_exp_above(__uint_as_float(top));
+    factor = 1.f;
+    if (e > st.v_exp) {  // warp-uniform
+        factor = __int_as_float(max(127 + st.v_exp - e, 0) << 23);  // 2^(old - new), exact (or 0 below 2^-126)
+        st.v_exp = e;
+    }
+    return scale * __int_as_float((254 - st.v_exp) << 23);  // scale / R: 1 / R is exact
+}
+
+// o_acc += P · V for this warp's rows and value dims over one staged tile (scaled rows in f16 mode:
+// V times its keys' v_ratio, tile_v_scale's).
+template <class C>
+__device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, const char* kt, const WarpCoords& w,
+                                        float v_ratio) {
     constexpr int STEPS = C::V_BLOCK / C::K_STEP;  // MMA k-steps per key block
     const int lane = w.lane;
 #pragma unroll
@@ -462,7 +495,8 @@ __device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, co
 #pragma unroll
         for (int np = 0; np < C::DV_G / 16; ++np) {
             unsigned vb[STEPS][2][2];
-            value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane);
+            if constexpr (C::V_SCALED) scaled_value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane, v_ratio);
+            else value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane);
 #pragma unroll
             for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
@@ -629,7 +663,7 @@ __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const
     st.row_sum = st.row_sum * step.alpha + tile_sum;
     char* p_smem = smem + C::P_OFF;
     float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
-    if constexpr (C::KV_SCALED) {
+    if constexpr (C::KV_SCALED && !C::V_SCALED) {
         store_scaled_p<C>(st, kt, p_smem, alpha_smem, red_row, red_col0, p, step.alpha);
     } else {
 #pragma unroll
@@ -642,12 +676,15 @@ __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const
 // running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
 template <class C>
 __device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, const char* kt, const WarpCoords& w) {
-    // The probabilities and rescale factors this warp multiplies its values by (scaled rows: its group's).
+    // The probabilities and rescale factors this warp multiplies its values by (scaled rows, e4m3: its group's).
     const int copy = C::P_COPIES > 1 ? w.group : 0;
     const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF) + copy * C::BM;
+    float v_factor = 1.f, v_ratio = 0.f;  // scaled rows, f16: O's move to a larger V reference, V's scale
+    if constexpr (C::V_SCALED) v_ratio = tile_v_scale<C>(st, kt, w, v_factor);
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
-        const float a_lo = alpha_smem[w.wrow0 + mt * 16 + w.g], a_hi = alpha_smem[w.wrow0 + mt * 16 + w.g + 8];
+        const float a_lo = alpha_smem[w.wrow0 + mt * 16 + w.g] * v_factor;
+        const float a_hi = alpha_smem[w.wrow0 + mt * 16 + w.g + 8] * v_factor;
         if (__all_sync(0xffffffffu, a_lo == 1.f && a_hi == 1.f)) continue;
 #pragma unroll
         for (int n = 0; n < C::DV_G / 8; ++n) {
@@ -655,7 +692,7 @@ __device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, con
             st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
         }
     }
-    pv_tile<C>(st, smem + C::P_OFF + copy * C::BM * C::P_STRIDE, kt, w);
+    pv_tile<C>(st, smem + C::P_OFF + copy * C::BM * C::P_STRIDE, kt, w, v_ratio);
 }
 
 // Compute warps: attend over the staged tiles, continuing the online softmax in `st`. Per tile:
@@ -711,18 +748,19 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
     if (threadIdx.x % C::RED_THREADS == 0) {
 #pragma unroll
-        for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows: group gi's O is in units of its reference
+        for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows, e4m3: group gi's O is in units of its reference
             // (kv_scale is 1 for scaled rows, so their out_scale is 1 / P_SCALE: no register for it through the loop)
             inv_l_smem[gi * C::BM + w.red_row] =
-                row_inv_l(row_sum, C::KV_SCALED ? block_ref(st, gi) / C::P_SCALE : st.out_scale);
+                row_inv_l(row_sum, C::KV_SCALED ? (C::V_SCALED ? 1.f : block_ref(st, gi)) / C::P_SCALE : st.out_scale);
         part_lse[w.red_row] = row_lse(st.row_max, row_sum);
     }
     named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
     const float* my_inv_l = inv_l_smem + (C::P_COPIES > 1 ? w.group : 0) * C::BM;
+    const float v_ref = C::V_SCALED ? __int_as_float(st.v_exp << 23) : 1.f;  // scaled rows, f16: O is in units of R
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const int r = w.wrow0 + mt * 16 + w.g;
-        const float il_lo = my_inv_l[r], il_hi = my_inv_l[r + 8];
+        const float il_lo = my_inv_l[r] * v_ref, il_hi = my_inv_l[r + 8] * v_ref;
         float* lo = part_o + r * C::DV;
         float* hi = part_o + (r + 8) * C::DV;
 #pragma unroll

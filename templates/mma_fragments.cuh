@@ -76,4 +76,23 @@ __device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K
     }
 }
 
+// value_fragments of a scaled row in f16 mode, each key's values times its block scale over the
+// warp's reference, rounded once: the scale enters P·V through V, not P. Lane k holds key k's
+// `ratio` (tile_v_scales); register i of k-step s holds keys 16s + 8i + 2q and the next.
+template <class C>
+__device__ __forceinline__ void scaled_value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt,
+                                                       int key0, int dim, int lane, float ratio) {
+    static_assert(C::MMA_F16 && C::V_BLOCK / C::K_STEP == 2, "f16 fragments of 32 keys: two k-steps");
+    value_fragments<C>(vb, kt, key0, dim, lane);
+#pragma unroll
+    for (int s = 0; s < 2; ++s)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int k = 16 * s + 8 * i + 2 * (lane % 4);
+            const unsigned pair = pack_half2(__shfl_sync(0xffffffffu, ratio, k), __shfl_sync(0xffffffffu, ratio, k + 1));
+            vb[s][0][i] = hmul2(vb[s][0][i], pair);
+            vb[s][1][i] = hmul2(vb[s][1][i], pair);
+        }
+}
+
 }  // namespace kgen

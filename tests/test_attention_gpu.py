@@ -388,13 +388,15 @@ def check_tiling(cuda, seed: int, spec_name: str, arch: str, tiles: str) -> None
 # fp8 rows (its producer converts the e4m3 bytes to bf16, exactly: per-tensor rows at both page sizes
 # and the DSA pool's 656-B rows, per-block scales in fp32) at both ring depths, and the seesaw loop:
 # bf16 rows at H = 8, 16 and 128, page sizes 1 and 64, both ring depths at H = 8; per-tensor fp8 rows
-# at both page sizes and the DSA pool's rows (its one ring depth beside the raw stages).
+# at both page sizes and the DSA pool's rows (its one ring depth beside the raw stages); and the
+# mma.sync loop over the DSA pool's rows as the sm_90 plan builds it, the block scales entering P·V
+# through V (the sm_120 plan keeps them in P: KGEN_TEST_PLAN_ARCH=sm_120 runs that path).
 SM90_CASES = [*((spec, tiles) for spec in ("glm5_fp8_sm120", "glm5_fp8_p64_sm120", "glm5_dsa_fp8_sm120")
                 for tiles in ("wgmma:32,2,1", "wgmma:32,3,1")),
               ("glm5_sm120", "seesaw:32,3,1"), ("glm5_sm120", "seesaw:32,4,1"), ("glm5_p64_sm120", "seesaw:32,4,1"),
               ("glm5_tp4_sm120", "seesaw:32,4,1"), ("deepseek_v3_sm120", "seesaw:32,4,1"),
               ("glm5_fp8_sm120", "seesaw:32,3,1"), ("glm5_fp8_p64_sm120", "seesaw:32,3,1"),
-              ("glm5_dsa_fp8_sm120", "seesaw:32,3,1")]
+              ("glm5_dsa_fp8_sm120", "seesaw:32,3,1"), ("glm5_dsa_fp8_sm120", "mma_sync:32,32,2,3,1")]
 
 
 @pytest.mark.parametrize("case", range(2))

@@ -1,6 +1,7 @@
 """Render + NVRTC compile of every shipped spec (CPU only: NVRTC from pip needs no GPU)."""
 
 import dataclasses
+from dataclasses import replace
 import random
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 import yaml
 
 import kgen
-from kgen import nvrtc, sass, splitkv
+from kgen import designs, nvrtc, sass, splitkv
 from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import CompileError, PlanError
@@ -51,6 +52,28 @@ def test_every_kernel_of_the_sm120_plan_compiles_without_spills(path, arch, cach
         assert b.report.spill_bytes <= emulated_e4m3_spill_limit(p.spec, arch), (b.variant.name, b.report)
         if arch == "sm_120":
             assert b.smem_bytes <= SM120_SMEM, (b.variant.name, b.smem_bytes)
+
+
+def test_the_dsa_rows_block_scales_enter_v_on_sm90_and_p_on_sm120(cache):
+    """f16 mode over the DSA pool's rows: the mma.sync loop multiplies V's fragments by their keys'
+    scales (one P; bench/NOTES.md v45) where the arch's compiler fits it in 168 registers (sm_90),
+    and keeps one scaled P per warp group on sm_120, whose ptxas spills the V path; e4m3 mode always
+    scales P (its V bytes go to the MMA as they are)."""
+    dsa = kgen.load_spec(ROOT / "specs" / "glm5_dsa_fp8_sm120.yaml")
+    e4m3 = dsa.model_copy(update={"cache": dsa.cache.model_copy(update={"mma": "e4m3"})})
+    on = {a: mma_sync_design.DESIGN.choose(dsa, get_arch(a)) for a in ("sm_90", "sm_120")}
+    assert (on["sm_90"].scales_in_v, on["sm_120"].scales_in_v) == (1, 0)
+    assert designs.parse(mma_sync_design.DESIGN.text(on["sm_120"])) == on["sm_120"]  # "mma_sync:32,32,2,3,1,1,0"
+    assert all(not t.v_scaled(e4m3) for t in (MmaSyncTiles(32, 32, 2, 3), on["sm_90"]))
+    one_p, four_p = on["sm_90"].layout(dsa), replace(on["sm_90"], scales_in_v=0).layout(dsa)
+    assert one_p["SCALES_IN_V"] == 1 and four_p["SCALES_IN_V"] == 0
+    assert four_p["SMEM_BYTES"] - one_p["SMEM_BYTES"] == 3 * 32 * (one_p["P_STRIDE"] + 8)  # 3 more P, alpha, 1/l
+    p = plan(dsa, "sm_90", on["sm_90"])
+    built = build(p.__class__(p.spec, p.arch, p.tiles, tuple(p.variant(n) for n in ("verify_attn", "tree_attn")),
+                              p.budget), ["sm_90"], cache, inspect=True)
+    for b in built:
+        ops = set(sass.opcodes(sass.dump(b.cubin)))
+        assert {"HMUL2", "REDUX.MAX"} <= ops and b.report.spill_bytes == 0, (b.variant.name, b.report)
 
 
 @pytest.mark.parametrize("arch", ["sm_120", "sm_90"])

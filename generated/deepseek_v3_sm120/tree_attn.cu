@@ -18,6 +18,7 @@ struct Layout {
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
     static constexpr int SMEM_BYTES = 98088;
+    static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
 };
 using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
@@ -32,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h128_d576_ps64_bf16_t16_sm120__e6d4ec341e3a(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h128_d576_ps64_bf16_t16_sm120__cd20462cb6c6(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

@@ -17,6 +17,7 @@ struct Layout {
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
     static constexpr int SMEM_BYTES = 98088;
+    static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
 };
 using Cfg = kgen::AttnConfig<128, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
@@ -33,7 +34,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__f208508ae9ae(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__96868f8cae40(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -18,6 +18,7 @@ struct Layout {
     static constexpr int INV_L_OFF = 94208;
     static constexpr int BAR_OFF = 94720;
     static constexpr int SMEM_BYTES = 94776;
+    static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 62976;
 };
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;
@@ -32,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__7b9a6092e485(
+extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__bb997d63e267(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

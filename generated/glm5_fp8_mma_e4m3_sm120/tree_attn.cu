@@ -18,6 +18,7 @@ struct Layout {
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
     static constexpr int SMEM_BYTES = 98120;
+    static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 75776;
 };
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, true, false, 1, Layout>;
@@ -32,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3_t64_sm120__cb8088d633d4(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3_t64_sm120__df8d2aab6f06(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ k_tree,
     float kv_scale,

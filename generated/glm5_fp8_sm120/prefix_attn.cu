@@ -17,6 +17,7 @@ struct Layout {
     static constexpr int INV_L_OFF = 98944;
     static constexpr int BAR_OFF = 99072;
     static constexpr int SMEM_BYTES = 99144;
+    static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 75776;
 };
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 4, true, false, false, 1, Layout>;
@@ -24,7 +25,7 @@ static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__5c8214a24cec(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__cbf3df14f83c(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

@@ -18,6 +18,7 @@ struct Layout {
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
     static constexpr int SMEM_BYTES = 98088;
+    static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
 };
 using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
@@ -32,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__601cecac60b4(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_t64_sm120__735b1607c79b(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

@@ -17,6 +17,7 @@ struct Layout {
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
     static constexpr int SMEM_BYTES = 98088;
+    static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
 };
 using Cfg = kgen::AttnConfig<16, 576, 512, 32, 32, 2, 4, 2, false, false, false, 1, Layout>;
@@ -31,7 +32,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h16_d576_ps1_bf16_t1024_sm120__bf6b13c72f12(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h16_d576_ps1_bf16_t1024_sm120__939f2f847eaf(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -25,6 +25,10 @@ CLUSTER_ROWS = 2
 ROW_PAD = 16  # bytes of padding per staged KV, Q and P row: breaks ldmatrix bank conflicts
 S_ROW_PAD = 8  # fp32 padding per partial-score row: a half-warp's float2 stores hit 32 banks
 P_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}  # bytes per staged probability, by MMA type (spec.cache.mma_type)
+# Arches whose plans keep the DSA rows' block scales in P in f16 mode: sm_120's ptxas spills the V path
+# (27 words in verify_attn, 22 in the sparse kernels) at the 168 registers 9 warps leave a thread
+# (bench/NOTES.md v45), where the P path compiles clean.
+SCALES_IN_P = frozenset({"sm_120"})
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,9 @@ class MmaSyncTiles:
     stages: int
     min_blocks: int = 1  # CTAs per SM the plan is built for (__launch_bounds__ minimum)
     cluster: int = 1  # CTAs a cluster: the row tiles of a split, each copying 1/cluster of its KV tiles to all
+    # DSA rows in f16 mode: 1, the block scales enter P·V through V (one P; 12-17% faster on the H200),
+    # or 0, through one copy of P per warp group (templates/attention.cuh). A number: tilings are texts
+    scales_in_v: int = 1
 
     design: ClassVar[str] = "mma_sync"
 
@@ -51,15 +58,16 @@ class MmaSyncTiles:
         k_step = 32 // elem  # dims of one MMA k-step
         q_stride = d * 2 + ROW_PAD  # bf16 Q rows
         kv_stride = kvrows.staged_stride(kvrows.row_bytes(spec), ROW_PAD)
-        copies = DIM_GROUPS if spec.cache.per_block else 1  # DSA rows: P, alpha and 1/l per warp group
+        # DSA rows with the scales in P (e4m3 mode, or scales_in_v off): P, alpha and 1/l per warp group
+        copies = DIM_GROUPS if spec.cache.per_block and not self.v_scaled(spec) else 1
         ring = self.stages * self.bn * kv_stride
         check(not (self.bm % 16 or self.bm % self.warps_m or (self.bm // self.warps_m) % 16 or self.bn % 16
                    or self.bn % k_step or self.bm * q_stride > ring or self.cluster not in (1, 2, 4, 8)
-                   or self.bn % self.cluster),
+                   or self.bn % self.cluster or self.scales_in_v not in (0, 1)),
               f"attention tiles {self}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
               f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
               f"Q ({self.bm * q_stride} B) within the KV staging buffers ({ring} B), "
-              f"and clusters of 1, 2, 4 or 8 CTAs that split BN")
+              f"clusters of 1, 2, 4 or 8 CTAs that split BN, and SCALES_IN_V 0 or 1")
         s_stride = self.bn + S_ROW_PAD  # floats
         p_stride = self.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD
         s_off = ring
@@ -69,11 +77,16 @@ class MmaSyncTiles:
         bar_off = inv_l_off + copies * self.bm * 4
         return {"KV_STRIDE": kv_stride, "Q_STRIDE": q_stride, "S_STRIDE": s_stride, "P_STRIDE": p_stride,
                 "RING_BYTES": ring, "S_OFF": s_off, "P_OFF": p_off, "ALPHA_OFF": alpha_off, "INV_L_OFF": inv_l_off,
-                "BAR_OFF": bar_off, "SMEM_BYTES": bar_off + (2 * self.stages + 1) * 8,
+                "BAR_OFF": bar_off, "SMEM_BYTES": bar_off + (2 * self.stages + 1) * 8, "SCALES_IN_V": int(self.v_scaled(spec)),
                 "SCRATCH_OFF": s_off}  # the schedule's scratch: the partial scores are free until the first tile
 
     def smem_bytes(self, spec: Spec) -> int:
         return self.layout(spec)["SMEM_BYTES"]
+
+    def v_scaled(self, spec: Spec) -> bool:
+        """Whether the DSA rows' block scales enter P·V through V (AttnConfig::V_SCALED): f16 mode
+        with scales_in_v (e4m3 mode's V bytes go to the MMA as they are)."""
+        return spec.cache.per_block and spec.cache.mma_type == "f16" and self.scales_in_v == 1
 
     def config(self, spec: Spec) -> str:
         """The C++ Config (`Cfg`) the kernel is instantiated with, and the layout it reads."""
@@ -100,9 +113,10 @@ class MmaSync(Design):
     modeled = True
 
     def choose(self, spec: Spec, arch: Arch) -> MmaSyncTiles:
-        """The deepest KV ring of 32x32 tiles that fits shared memory per block."""
+        """The deepest KV ring of 32x32 tiles that fits shared memory per block (the DSA rows' scales
+        in V but where the arch's compiler spills that path: SCALES_IN_P)."""
         for stages in (4, 3, 2):
-            t = MmaSyncTiles(bm=32, bn=32, warps_m=2, stages=stages)
+            t = MmaSyncTiles(bm=32, bn=32, warps_m=2, stages=stages, scales_in_v=_scales_in_v(spec, arch))
             if t.smem_bytes(spec) <= arch.smem_per_block:
                 return t
         need, m = t.smem_bytes(spec), spec.model
@@ -115,7 +129,8 @@ class MmaSync(Design):
 
     def candidates(self, spec: Spec, arch: Arch) -> list[MmaSyncTiles]:
         """A shallow and a deep ring, and half-height KV tiles."""
-        return [MmaSyncTiles(32, 32, 2, s) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4)]
+        v = _scales_in_v(spec, arch)
+        return [MmaSyncTiles(32, 32, 2, s, scales_in_v=v) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4, scales_in_v=v)]
 
     def tile_box(self, spec: Spec, tiles: MmaSyncTiles) -> TileBox | None:
         """Each CTA's slice of a tile (BN / cluster staged rows, padding included) where pages hold
@@ -142,6 +157,12 @@ class MmaSync(Design):
 
 
 DESIGN = MmaSync()
+
+
+def _scales_in_v(spec: Spec, arch: Arch) -> int:
+    """scales_in_v for a plan of `arch`: 0 for the DSA rows where the arch keeps them in P, else the
+    default (1; it only matters for those rows)."""
+    return 0 if spec.cache.per_block and arch.name in SCALES_IN_P else 1
 
 
 def _clusters(tiles: MmaSyncTiles, cubin_arch: Arch) -> bool:
