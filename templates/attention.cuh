@@ -40,13 +40,15 @@
 //   multiplied by each key's block-g scale before the rope steps add theirs (scale_block_scores),
 //   and the 4 partials are summed as always.
 // - P·V: the scale varies along P·V's k dimension (the keys), so it must enter an operand.
-//   f16 mode (V_SCALED): V's. Each P·V warp multiplies its V fragments (group g's dims: block g)
-//   by their keys' scale over the warp's reference R, a power of two at or above every block-g
-//   scale the warp has met, in f16, rounded once (tile_v_scales): the products stay within e4m3's
-//   448 and the large terms keep f16's precision, P stays one copy, and the warp's O is held in
-//   units of R (rescaled when R moves up; the final store multiplies R back). bench/NOTES.md v45.
-//   e4m3 mode: P's (V's bytes go to the MMA as they are). The reducers fold the scale into P in
-//   fp32, one P per group: p * scale_g / ref_g, rounded once to e4m3 just as p alone would be
+//   V's, in f16 mode where the plan says so (V_SCALED; kgen/designs/mma_sync.py scales_in_v):
+//   each P·V warp multiplies its V fragments (group g's dims: block g) by their keys' scale over
+//   the warp's reference R, a power of two at or above every block-g scale the warp has met, in
+//   f16, rounded once (tile_v_scale): the products stay within e4m3's 448 and the large terms keep
+//   f16's precision, P stays one copy, and the warp's O is held in units of R (rescaled when R
+//   moves up; the final store multiplies R back). bench/NOTES.md v45.
+//   Else P's (e4m3 mode, whose V bytes go to the MMA as they are, and the sm_120 plan, whose ptxas
+//   spills the V path): the reducers fold the scale into P in fp32, one P per group:
+//   p * scale_g / ref_g, rounded once to the MMA type just as p alone would be
 //   (store_scaled_p). ref_g, per row, is a power of two at or above the largest p * scale_g the
 //   row has met, kept like a second running max, so P stays <= 1 and keeps its precision whatever
 //   the cache's magnitudes; the group's O is held in units of ref_g and rescaled with alpha when
@@ -111,8 +113,8 @@ struct AttnConfig : Layout {
     static constexpr int SCALE_BLOCK = Scaled::SCALE_BLOCK, SCALE_OFF = Scaled::SCALE_OFF, ROPE_OFF = Scaled::ROPE_OFF;
     static constexpr int KV_ROW = KV_SCALED ? Scaled::BYTES : D * KV_ELEM;  // bytes per KV row
     static constexpr int Q_ROW = D * 2;                         // bytes per (bf16) query row
-    // Scaled rows in e4m3 mode: each warp group has its own P (and rescale factors, and 1/l) carrying its
-    // block's scales.
+    // Scaled rows with the scales in P: each warp group has its own P (and rescale factors, and 1/l)
+    // carrying its block's scales.
     static constexpr int P_COPIES = KV_SCALED && !V_SCALED ? DIM_GROUPS : 1;
     using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
@@ -125,7 +127,7 @@ struct AttnConfig : Layout {
     static_assert(DV_G % K_STEP == 0 && ROPE % K_STEP == 0, "dims must be whole k-steps");
     static_assert(BN % K_BLOCK == 0 && BN % V_BLOCK == 0 && BN % K_STEP == 0 && BN <= 32, "tile shape: one producer lane per staged row");
     static_assert(KV_FP8 || !MMA_E4M3, "e4m3 MMAs need an e4m3 cache");
-    static_assert(!V_SCALED || BN == 32, "scaled rows in f16 mode: a tile's key k is lane k (tile_v_scales)");
+    static_assert(!V_SCALED || BN == 32, "scaled rows in f16 mode: a tile's key k is lane k (tile_v_scale)");
     static_assert(!KV_SCALED || (KV_FP8 && DV_G == SCALE_BLOCK && DIM_GROUPS == 4 && ROPE > 0 && ROPE % 16 == 0),
                   "scaled rows: each warp group's value dims are one scale block (read as a float4 of scales)");
     static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
@@ -175,8 +177,8 @@ struct AttnState {
     float row_max, row_sum;
     float score_scale;  // raw MMA score of row red_row -> log2-domain logit
     float out_scale;    // P·V accumulator -> value units, before 1/l
-    unsigned block_ref;  // scaled rows, e4m3 mode: row red_row's P reference per group, 2^(e - 127), byte g = e (store_scaled_p)
-    int v_exp;           // scaled rows, f16 mode: this warp's V reference R = 2^(v_exp - 127) (tile_v_scale)
+    unsigned block_ref;  // scaled rows, scales in P: row red_row's P reference per group, 2^(e - 127), byte g = e (store_scaled_p)
+    int v_exp;           // scaled rows, scales in V: this warp's V reference R = 2^(v_exp - 127) (tile_v_scale)
     int ring_pos;       // KV tiles that have passed through the ring (all ranges so far)
 };
 
@@ -676,10 +678,10 @@ __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const
 // running maxima settle (most tiles of a long prefix) alpha is 1 and the rescale is skipped.
 template <class C>
 __device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, const char* kt, const WarpCoords& w) {
-    // The probabilities and rescale factors this warp multiplies its values by (scaled rows, e4m3: its group's).
+    // The probabilities and rescale factors this warp multiplies its values by (scaled rows, scales in P: its group's).
     const int copy = C::P_COPIES > 1 ? w.group : 0;
     const float* alpha_smem = reinterpret_cast<const float*>(smem + C::ALPHA_OFF) + copy * C::BM;
-    float v_factor = 1.f, v_ratio = 0.f;  // scaled rows, f16: O's move to a larger V reference, V's scale
+    float v_factor = 1.f, v_ratio = 0.f;  // scaled rows, scales in V: O's move to a larger V reference, V's scale
     if constexpr (C::V_SCALED) v_ratio = tile_v_scale<C>(st, kt, w, v_factor);
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
@@ -748,7 +750,7 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
     if (threadIdx.x % C::RED_THREADS == 0) {
 #pragma unroll
-        for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows, e4m3: group gi's O is in units of its reference
+        for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows, scales in P: group gi's O is in units of its reference
             // (kv_scale is 1 for scaled rows, so their out_scale is 1 / P_SCALE: no register for it through the loop)
             inv_l_smem[gi * C::BM + w.red_row] =
                 row_inv_l(row_sum, C::KV_SCALED ? (C::V_SCALED ? 1.f : block_ref(st, gi)) / C::P_SCALE : st.out_scale);
@@ -756,7 +758,7 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     }
     named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
     const float* my_inv_l = inv_l_smem + (C::P_COPIES > 1 ? w.group : 0) * C::BM;
-    const float v_ref = C::V_SCALED ? __int_as_float(st.v_exp << 23) : 1.f;  // scaled rows, f16: O is in units of R
+    const float v_ref = C::V_SCALED ? __int_as_float(st.v_exp << 23) : 1.f;  // scaled rows, scales in V: O is in units of R
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const int r = w.wrow0 + mt * 16 + w.g;

@@ -78,7 +78,7 @@ __device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K
 
 // value_fragments of a scaled row in f16 mode, each key's values times its block scale over the
 // warp's reference, rounded once: the scale enters P·V through V, not P. Lane k holds key k's
-// `ratio` (tile_v_scales); register i of k-step s holds keys 16s + 8i + 2q and the next.
+// `ratio` (tile_v_scale); register i of k-step s holds keys 16s + 8i + 2q and the next.
 template <class C>
 __device__ __forceinline__ void scaled_value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt,
                                                        int key0, int dim, int lane, float ratio) {
