@@ -8,7 +8,8 @@ Groups: tests — every shipped and derived spec of tests/conftest.py, both plan
 tiling kgen.jit loads on the GPU (tuned tables' choices and their fits to batches: clusters); sparse — the
 sparse GPU tests' specs (tests/test_sparse_gpu.py), both plans; dsa — the specs kgen's SGLang DSA
 backend derives in tests/test_sglang_dsa_gpu.py; sm90_loops — the tilings of the sm_90 loops that
-tests/test_attention_gpu.py runs beside the plans (the wgmma loop over fp8 rows, the seesaw loop).
+tests/test_attention_gpu.py runs beside the plans (the wgmma loop over fp8 rows, the seesaw loop, the
+mma.sync loop over the DSA rows with their scales in V).
 Default: sparse, dsa, sm90_loops (the `tests` group is larger than
 a carry beside the SGLang wheels). Then run with KGEN_CACHE_DIR=$PWD/OUT on the GPU machine.
 """
