@@ -101,7 +101,8 @@ class MmaSyncTiles:
     def describe(self) -> str:
         return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "
                 f"{self.warps_m}x{DIM_GROUPS} compute warps + 1 producer warp, {self.stages} stages"
-                + (f", clusters of {self.cluster} row tiles sharing each KV tile" if self.cluster > 1 else ""))
+                + (f", clusters of {self.cluster} row tiles sharing each KV tile" if self.cluster > 1 else "")
+                + ("" if self.scales_in_v else ", DSA block scales through P"))
 
 
 class MmaSync(Design):
