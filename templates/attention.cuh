@@ -519,7 +519,7 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
                                             int tile_begin, int tile_end) {
     if (tile_begin >= tile_end) return;  // (an empty range may have no keys to fetch)
     const int lane = threadIdx.x % 32;
-    const int whole_end = C::TILE_COPIES ? whole_tiles_end<C::BN>(keys, num_keys, tile_begin, tile_end) : tile_begin;
+    const int whole_end = whole_tiles_end<C::BN>(keys, num_keys, tile_begin, tile_end);
     PendingRow next = fetch_row<C::BN>(tile_begin, lane, num_keys, keys);
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
         const PendingRow row = next;
