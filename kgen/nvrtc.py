@@ -90,15 +90,16 @@ def parse_report(log: str, symbol: str) -> ResourceReport:
         raise CompileError(f"no ptxas report for {symbol} in NVRTC's log:\n{log}")
     body = section[1].split("Compiling entry function", 1)[0]
     regs = _REGS.search(body)
-    spill = _SPILL.search(body)
+    # the entry's line first, then one per out-of-line (__noinline__) function it calls: their spills count too
+    spills = [tuple(map(int, m.groups())) for m in _SPILL.finditer(body)]
     smem = _SMEM.search(body)
-    if not (regs and spill):
+    if not (regs and spills):
         raise CompileError(f"cannot parse ptxas report for {symbol}:\n{body}")
     return ResourceReport(
         registers=int(regs.group(1)),
-        stack_bytes=int(spill.group(1)),
-        spill_stores=int(spill.group(2)),
-        spill_loads=int(spill.group(3)),
+        stack_bytes=spills[0][0],
+        spill_stores=sum(s[1] for s in spills),
+        spill_loads=sum(s[2] for s in spills),
         static_smem=int(smem.group(1)) if smem else 0,
     )
 

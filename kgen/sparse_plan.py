@@ -18,7 +18,6 @@ from .variant import BF16, PlanContext, Variant
 
 SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
 MAX_TABLE = 8192  # hash-set entries (8 B each): 4096 keys per round
-QUEUE_PER_WARP = 256  # bytes of a warp's insertion queue (SlotSet::QUEUE_PER_WARP: a byte an entry)
 MIN_CHUNK = 64  # list entries a split reads at least, so partial states stay a small overhead
 
 
@@ -41,18 +40,18 @@ def list_keys(c: PlanContext, t: MmaSyncTiles) -> int:
     return tile_tokens(c.spec.model.num_q_heads, t.bm) * c.spec.model.index_topk
 
 
-def set_bytes(table: int, warps: int) -> int:
-    """Shared memory of the hash set (SlotSet::bytes_for): 8 B an entry, 136 B of counters and scan
-    scratch, and each warp's insertion queue."""
-    return table * 8 + 136 + warps * QUEUE_PER_WARP
+def set_bytes(table: int) -> int:
+    """Shared memory of the hash set in the KV ring (SlotSet::BYTES): 8 B an entry and 136 B of
+    counters and scan scratch (the warps' insertion queues are in the partial-score region)."""
+    return table * 8 + 136
 
 
 def table_entries(c: PlanContext, t: MmaSyncTiles) -> int:
     """Entries of the shared-memory hash set, the largest power of two up to MAX_TABLE whose set
-    (and the warps' queues) fits the KV ring."""
+    fits the KV ring."""
     ring = t.layout(c.spec)["RING_BYTES"]
     table = MAX_TABLE
-    while set_bytes(table, t.threads // 32) > ring:
+    while set_bytes(table) > ring:
         table //= 2
     if table < 1024:
         raise PlanError(f"{c.spec.name}: the sparse hash set needs at least 1024 entries in the KV ring "

@@ -197,33 +197,31 @@ struct SlotFilter {
 };
 
 // The shared-memory hash set of a union round: `size` slots (-1 = empty) and masks, then the
-// count of slots inserted and the overflow flag, then 32 ints of scan scratch, then each warp's
-// queue of entries to insert (build_union). The layout is TABLE's; a round uses `size` <= TABLE
+// count of slots inserted and the overflow flag, then 32 ints of scan scratch (BYTES, in the KV
+// ring), and apart from them each warp's queue of entries to insert (build_union: in the
+// partial-score region, idle while the list is built). The layout is TABLE's; a round uses `size` <= TABLE
 // entries (a power of two), picked for the split's expected share of keys, so clearing and
 // compacting it costs what the split needs.
 template <int TABLE>
 struct SlotSet {
     static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
-    static constexpr int LOADS = 8;            // list entries a thread scans at a time
-    static constexpr int QUEUE_PER_WARP = 32 * LOADS;  // bytes
-    static_assert(QUEUE_PER_WARP <= 256, "a queued entry is one byte");
-    static constexpr int BYTES = TABLE * 8 + 34 * 4;  // without the queues: bytes_for(warps) adds them
+    static constexpr int LOADS = 16;           // list entries a thread scans at a time
+    static constexpr int QUEUE_PER_WARP = 32 * LOADS * 2;  // bytes: a queued entry is a u16
+    static constexpr int BYTES = TABLE * 8 + 34 * 4;  // without the queues
     static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
     int* keys;
     unsigned* masks;
     int* count;  // [0] inserted, [1] overflow
     int* scan;
-    unsigned char* queue;
+    unsigned short* queue;
     int size, bits;
 
-    static constexpr int bytes_for(int warps) { return BYTES + warps * QUEUE_PER_WARP; }
-
-    __device__ __forceinline__ static SlotSet at(char* smem, int size) {
+    __device__ __forceinline__ static SlotSet at(char* smem, char* queues, int size) {
         int* keys = reinterpret_cast<int*>(smem);
         unsigned* masks = reinterpret_cast<unsigned*>(keys + TABLE);
         int* count = reinterpret_cast<int*>(masks + TABLE);
-        return {keys, masks, count, count + 2, reinterpret_cast<unsigned char*>(count + 34), size, __ffs(size) - 1};
+        return {keys, masks, count, count + 2, reinterpret_cast<unsigned short*>(queues), size, __ffs(size) - 1};
     }
 
     __device__ __forceinline__ void clear() const {
@@ -307,7 +305,7 @@ struct SlotRange {
 // Union round: the tile's tokens' entries (tokens x width ints at `lists`) whose slot passes
 // `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
 // overflowed (nothing of it may be used). The scan stays converged: each warp queues its passing
-// entries of a step of LOADS loads (ballot + popc into its own queue: one byte, u x 32 + lane, per
+// entries of a step of LOADS loads (ballot + popc into its own queue: a u16, u x 32 + lane, per
 // entry, so LOADS x 32 entries fit) and then inserts them all at once, one per lane. Inserting
 // inside the scan let the lanes of a warp drift apart in their probe loops, and the warp then ran
 // the scan ~4x over with ~7 lanes each (ncu, bench/NOTES.md v19). Not inlined, as
@@ -321,7 +319,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
     __syncthreads();
     const int lane = threadIdx.x % 32;
     SlotRange range(a.num_slots);
-    unsigned char* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE>::QUEUE_PER_WARP;
+    unsigned short* queue = set.queue + (threadIdx.x / 32) * (SlotSet<TABLE>::QUEUE_PER_WARP / 2);
     const int entries = tokens * width, step = LOADS * blockDim.x;
     // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
     auto load = [&](int (&slot)[LOADS], int e0) {
@@ -341,9 +339,10 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
         int queued = 0;
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) {
+            if (e0 - lane + u * blockDim.x >= entries) break;  // warp-uniform: the rest of the step is past the lists
             const bool take = range.names(slot[u]) && filter(slot_hash(static_cast<unsigned>(slot[u])));
             const unsigned takers = __ballot_sync(0xffffffffu, take);
-            if (take) queue[queued + __popc(takers & ((1u << lane) - 1))] = static_cast<unsigned char>(u * 32 + lane);
+            if (take) queue[queued + __popc(takers & ((1u << lane) - 1))] = static_cast<unsigned short>(u * 32 + lane);
             queued += __popc(takers);
         }
         __syncwarp();
@@ -399,7 +398,9 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                                  const SparseArgs& a, float* part_o, float* part_lse,
                                                  float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
-    static_assert(SlotSet<TABLE>::bytes_for(C::THREADS / 32) <= C::RING_BYTES, "the hash set and queues fit the KV ring");
+    static_assert(SlotSet<TABLE>::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
+    static_assert(C::S_OFF + C::THREADS / 32 * SlotSet<TABLE>::QUEUE_PER_WARP <= C::BAR_OFF,
+                  "the insertion queues fit between the ring and the barriers");
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     const int row0 = item.row_tile * C::BM, token0 = row0 / C::HEADS, width = a.topk_width;
@@ -420,7 +421,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             unsigned mod = 1, rem = 0;
             while (true) {
                 const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
-                const int m = build_union(SlotSet<TABLE>::at(smem, size), lists, tile_tokens, width, filter,
+                const int m = build_union(SlotSet<TABLE>::at(smem, smem + C::S_OFF, size), lists, tile_tokens, width, filter,
                                           KeyList{list.slots + count, list.masks + count}, a);
                 if (m < 0) {
                     if (size < TABLE) size *= 2;
@@ -439,7 +440,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             const int entries = tile_tokens * width;  // <= 32 x 65536
             const int per = (entries + item.splits - 1) / item.splits;
             const int e0 = min(entries, item.split * per);  // per <= max_chunk <= LIST_KEYS
-            count = build_gather(SlotSet<TABLE>::at(smem, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
+            count = build_gather(SlotSet<TABLE>::at(smem, nullptr, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
                                  min(entries, e0 + per), a);
         }
         return count;

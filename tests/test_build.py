@@ -304,6 +304,23 @@ def test_ptxas_report_parsing():
     assert r.spill_bytes == 16
 
 
+def test_ptxas_report_counts_the_spills_of_out_of_line_callees():
+    """A __noinline__ function (the sparse kernels' list builders) has its own register allocation
+    and its own line in ptxas's report: its spills are the kernel's too."""
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_120'\nptxas info    : Function properties for k\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers\n"
+           "ptxas info    : Function properties for _Z5buildv\n"
+           "    16 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n")
+    r = parse_report(log, "k")
+    assert (r.stack_bytes, r.spill_stores, r.spill_loads) == (0, 8, 4)
+    src = ('__device__ __noinline__ float build(const float* x, int i) { return x[i] * x[i + 1]; }\n'
+           'extern "C" __global__ void k(float* x) { x[threadIdx.x] = build(x, threadIdx.x); }')
+    log = compile_cubin(src, {}, "sm_90", "k", "k.cu").log
+    assert log.count("Function properties for") == 2  # the entry and its callee: both parsed
+    assert parse_report(log, "k").spill_bytes == 0
+
+
 
 def test_nvrtc_reports_ptxas_usage_on_every_compile_of_a_source(monkeypatch):
     """NVRTC can serve a cubin from the driver's compute cache, without ptxas's report; torch may

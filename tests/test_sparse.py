@@ -54,8 +54,8 @@ def test_index_topk_makes_a_sparse_spec_and_is_checked():
             parse_spec(spec_data(index_topk=bad), "bad.yaml")
 
 
-# The hash set's entries: the largest power of two whose set (8 B an entry + 136 B, and a 256-B
-# insertion queue per warp) fits the KV ring. sm_120's ring of the DSA pool's rows is 3 stages x 32
+# The hash set's entries: the largest power of two whose set (8 B an entry + 136 B; the warps'
+# insertion queues are in the partial-score region) fits the KV ring. sm_120's ring of the DSA pool's rows is 3 stages x 32
 # rows x 656 B = 62976 B: 4096 entries.
 TABLES = {("glm5_dsa_sm120", "sm_120"): 4096, ("glm5_dsa_sm120", "sm_90"): MAX_TABLE,
           ("glm5_dsa_bf16_sm120", "sm_120"): MAX_TABLE, ("glm5_dsa_bf16_sm120", "sm_90"): MAX_TABLE}
