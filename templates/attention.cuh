@@ -310,11 +310,19 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
 }
 
 // Set up the ring's barriers, load Q into fragments (staged through the ring: the producer copies
-// it in; rows >= num_rows repeat the last row and are padding), zero O.
+// its rows in; rows >= num_rows are padding, zeros), zero O.
 // scale_log2: softmax scale * log2(e); kv_scale: the e4m3 KV's dequantization scale (unused for bf16).
 template <class C, class QRows>
 __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows,
                                              float scale_log2, float kv_scale) {
+    // The padding rows are written here, not copied from the last row: a decode tile (8 of 32 rows)
+    // waited on 24 more bulk copies of one row (bench/NOTES.md v48). The ring's copies overwrite them
+    // later: the async proxy must see these generic writes first.
+    const int rows = min(num_rows, C::BM);
+    constexpr int CHUNKS = C::Q_ROW / 16;
+    for (int i = threadIdx.x; i < (C::BM - rows) * CHUNKS; i += blockDim.x)
+        *reinterpret_cast<uint4*>(smem + (rows + i / CHUNKS) * C::Q_STRIDE + (i % CHUNKS) * 16) = make_uint4(0, 0, 0, 0);
+    fence_proxy_async();
     if (threadIdx.x == 0) {
         ring_init<C>(smem, 1, C::EMPTY_ARRIVALS);  // the producer lane 0's expect_tx; the compute threads
         mbar_init(q_full<C>(smem), 1);
@@ -324,10 +332,10 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     st.ring_pos = 0;
     if (is_producer<C>()) {
         const int lane = threadIdx.x % 32;
-        if (lane == 0) mbar_arrive_expect_tx(q_full<C>(smem), C::BM * C::Q_ROW);
+        if (lane == 0) mbar_arrive_expect_tx(q_full<C>(smem), rows * C::Q_ROW);
         __syncwarp();
-        for (int r = lane; r < C::BM; r += 32)
-            bulk_copy(smem + r * C::Q_STRIDE, q_rows.row(min(r, num_rows - 1), 0), C::Q_ROW, q_full<C>(smem));
+        for (int r = lane; r < rows; r += 32)
+            bulk_copy(smem + r * C::Q_STRIDE, q_rows.row(r, 0), C::Q_ROW, q_full<C>(smem));
     } else {
         mbar_wait(q_full<C>(smem), 0);
         load_q_fragments<C>(smem, st, scale_log2, kv_scale);

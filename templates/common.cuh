@@ -67,6 +67,9 @@ __device__ __forceinline__ void mbar_init(mbarrier* bar, unsigned count) {
 
 // Make initialized barriers visible to the bulk-copy (async) proxy; follow with a block barrier.
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+// Generic-proxy writes to shared memory (the sparse hash set, Q's padding rows) before bulk copies
+// overwrite them.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void mbar_arrive(mbarrier* bar) {
     asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n"

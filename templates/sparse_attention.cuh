@@ -136,7 +136,7 @@ struct ListVisible {
     static constexpr bool ALL = false;
     const unsigned* lists;  // SparseArgs::lists
     unsigned mask0;          // index of this CTA's first mask in lists
-    int row0, token0, num_rows;  // the tile's first row within the request, its first token, its rows
+    int row0, token0, num_rows;  // the tile's first row within the request, its first token, the request's rows from row0
     __device__ __forceinline__ bool operator()(int r, int j) const {
         if (r >= num_rows) return false;
         return ((lists[mask0 + j] >> ((row0 + r) / C::HEADS - token0)) & 1u) != 0;
@@ -167,8 +167,6 @@ __device__ __forceinline__ ListTileVisibility tile_visibility(const ListVisible<
 
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
-// Generic-proxy writes to shared memory (the hash set in the ring) before bulk copies refill it.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Partition hash: Fibonacci hashing (one multiply by 2^32 / golden ratio, a bijection). Its high
 // bits pick a slot's partition, its low bits (the slot's low bits, permuted) a round's
@@ -453,8 +451,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     const ItemRows r = sparse_item_rows<C>(a, item);
     const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
     const ListVisible<C> visible{reinterpret_cast<const unsigned*>(a.lists),
-                                 static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0,
-                                 min(r.rows, C::BM)};
+                                 static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0, r.rows};
     const KeyRange<ListRows<C::KV_ROW>, ListVisible<C>> keys{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
     const bool last_split = item.split == item.splits - 1;
     const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
