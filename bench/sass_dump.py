@@ -3,7 +3,9 @@
 For each spec in specs/ and each (plan arch, cubin arch) in PAIRS it plans, builds (through the
 cache) and disassembles every variant, and writes one line per variant to OUT:
     <spec> <plan arch> <cubin arch> <variant name> <sha256 of the listing, symbol names blanked>
-and the listing's opcode sequence to OUT.d/<...>.ops. Run it from each checkout and diff:
+and the listing's opcode sequence to OUT.d/<...>.ops, and of a kernel with a tile loop that loop with
+its operands to OUT.d/<...>.loop (kgen.sass.tile_loop_text: code outside a loop can reschedule it,
+bench/NOTES.md v47, so compare the loops before timing a change). Run it from each checkout and diff:
     PYTHONPATH=$PWD python -m bench.sass_dump /tmp/sass_a && ... /tmp/sass_b; diff -r /tmp/sass_a.d /tmp/sass_b.d
 """
 
@@ -39,6 +41,10 @@ def main(out: str) -> None:
                 blanked = _SYMBOL.sub("SYMBOL", text)
                 name = f"{spec.name}.{plan_arch}.{cubin_arch}.{v.name}"
                 (folder / f"{name}.ops").write_text("\n".join(sass.opcodes(text)) + "\n")
+                try:
+                    (folder / f"{name}.loop").write_text(sass.tile_loop_text(text))
+                except sass.SassError:  # no MMA loop: not an attention kernel
+                    pass
                 lines.append(f"{spec.name} {plan_arch} {cubin_arch} {v.name} "
                              f"{hashlib.sha256(blanked.encode()).hexdigest()[:16]} {v.variant_id}")
                 print(lines[-1], flush=True)

@@ -72,8 +72,24 @@ def opcodes(sass: str) -> list[str]:
 
 def tile_loop(sass: str) -> Counter:
     """Opcodes of the loop that runs the most MMAs, by full opcode: the attention kernels' KV
-    tile loop, one tile per iteration. A loop is the code from a label to a branch back to it;
-    branches back from out-of-line slow paths (placed after the kernel's EXIT) are not loops."""
+    tile loop, one tile per iteration."""
+    return Counter(op for op, _ in _tile_loop_body(sass))
+
+
+_CONSTANT = re.compile(r"c\[0x[0-9a-f]+\]\[0x[0-9a-f]+\]")
+
+
+def tile_loop_text(sass: str) -> str:
+    """The tile loop's instructions with their operands, one a line, constant-bank addresses (where
+    the kernel parameters sit) blanked: equal texts mean ptxas scheduled the loop the same, whatever
+    else changed (bench/NOTES.md v47: code outside the loop can move it)."""
+    return "".join(f"{op}{_CONSTANT.sub('c[]', rest.rstrip())}\n" for op, rest in _tile_loop_body(sass))
+
+
+def _tile_loop_body(sass: str) -> list[tuple[str, str]]:
+    """(opcode, operands) of the loop that runs the most MMAs. A loop is the code from a label to a
+    branch back to it; branches back from out-of-line slow paths (placed after the kernel's EXIT)
+    are not loops."""
     instrs, labels, pending = [], {}, []
     for line in sass.splitlines():
         if m := _LABEL.match(line):
@@ -83,16 +99,16 @@ def tile_loop(sass: str) -> Counter:
             labels.update((name, addr) for name in pending)
             pending = []
             instrs.append((addr, m.group(2), m.group(3)))
-    best: tuple[tuple[int, int], Counter] | None = None
+    best: tuple[tuple[int, int], list[tuple[str, str]]] | None = None
     for addr, op, rest in instrs:
         target = _BRANCH_TARGET.search(rest) if op.startswith("BRA") else None
         if not target or labels.get(target.group(1), addr + 1) > addr:
             continue
-        body = Counter(o for a, o, _ in instrs if labels[target.group(1)] <= a <= addr)
-        if any(o.startswith(("EXIT", "RET")) for o in body):
+        body = [(o, r) for a, o, r in instrs if labels[target.group(1)] <= a <= addr]
+        if any(o.startswith(("EXIT", "RET")) for o, _ in body):
             continue
-        mmas = sum(n for o, n in body.items() if o.split(".")[0].endswith("MMA"))
-        rank = (mmas, -sum(body.values()))  # the most MMAs, then the tightest loop
+        mmas = sum(1 for o, _ in body if o.split(".")[0].endswith("MMA"))
+        rank = (mmas, -len(body))  # the most MMAs, then the tightest loop
         if mmas and (best is None or rank > best[0]):
             best = (rank, body)
     if best is None:

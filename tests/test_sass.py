@@ -7,6 +7,7 @@ A build with a forced register cap shows the same checks catch a spilling kernel
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -84,6 +85,23 @@ def test_counts_classify_opcodes():
                  "LDG.128": 1, "LDG.32": 1, "LDG.8": 1, "QMMA": 1, "STG.64": 1, "UTMALDG": 1}
     assert sass.mma_count(c) == 2
     assert "UTMALDG 1" in sass.summary(c)  # tables say where tensor copies stage the KV
+
+
+def test_the_tile_loop_text_holds_each_loop_instruction_with_its_operands(built_sm120):
+    """bench/sass_dump.py diffs these between two trees: ptxas may reschedule the tile loop for code
+    outside it (bench/NOTES.md v47), which the opcode counts alone hide."""
+    text = sass.disassemble(built_sm120(SPECS[0], "prefix_attn").cubin, "--no-dataflow")
+    loop = sass.tile_loop_text(text).splitlines()
+    counts = sass.tile_loop(text)
+    assert len(loop) == sum(counts.values()) and Counter(line.split()[0] for line in loop) == counts
+    assert any(line.startswith("HMMA") and " R" in line for line in loop)  # operands kept
+    assert "c[0x" not in "\n".join(loop)  # where the parameters sit is blanked
+    # a made-up loop: a label, an MMA, a parameter load and the branch back
+    made_up = ("        /*0000*/  MOV R1, c[0x0][0x28] ;\n.L_x_1:\n"
+               "        /*0010*/  LDC.64 R10, c[0x0][0x288] ;\n        /*0020*/  HMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n"
+               "        /*0030*/  @P0 BRA `(.L_x_1) ;\n        /*0040*/  EXIT ;\n")
+    assert sass.tile_loop_text(made_up) == ("LDC.64 R10, c[] ;\nHMMA.16816.F32.BF16 R4, R8, R12, R4 ;\n"
+                                            "BRA `(.L_x_1) ;\n")
 
 
 def test_forced_register_cap_spills_and_fails_the_checks():
