@@ -167,7 +167,6 @@ __device__ __forceinline__ ListTileVisibility tile_visibility(const ListVisible<
 
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
-
 // Partition hash: Fibonacci hashing (one multiply by 2^32 / golden ratio, a bijection). Its high
 // bits pick a slot's partition, its low bits (the slot's low bits, permuted) a round's
 // sub-partition. The scan hashes every entry of its tile's lists, so this is what an entry costs.
@@ -205,7 +204,7 @@ struct SlotSet {
     static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
     static constexpr int LOADS = 16;           // list entries a thread scans at a time
-    static constexpr int QUEUE_PER_WARP = 32 * LOADS * 2;  // bytes: a queued entry is a u16
+    static constexpr int QUEUE_PER_WARP = 32 * LOADS;  // entries (u16) of a warp's insertion queue
     static constexpr int BYTES = TABLE * 8 + 34 * 4;  // without the queues
     static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
     int* keys;
@@ -317,7 +316,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
     __syncthreads();
     const int lane = threadIdx.x % 32;
     SlotRange range(a.num_slots);
-    unsigned short* queue = set.queue + (threadIdx.x / 32) * (SlotSet<TABLE>::QUEUE_PER_WARP / 2);
+    unsigned short* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE>::QUEUE_PER_WARP;
     const int entries = tokens * width, step = LOADS * blockDim.x;
     // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
     auto load = [&](int (&slot)[LOADS], int e0) {
@@ -397,7 +396,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                                  float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
     static_assert(SlotSet<TABLE>::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
-    static_assert(C::S_OFF + C::THREADS / 32 * SlotSet<TABLE>::QUEUE_PER_WARP <= C::BAR_OFF,
+    static_assert(C::S_OFF + C::THREADS / 32 * SlotSet<TABLE>::QUEUE_PER_WARP * (int)sizeof(unsigned short) <= C::BAR_OFF,
                   "the insertion queues fit between the ring and the barriers");
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
     if (item.b < 0) return;
