@@ -7,6 +7,7 @@
 # NAME.tgz (each run's log and JSON).
 #   AB_TREES="base l16"   the archives .ab/base.tgz, .ab/l16.tgz (default: base) beside this tree ("change")
 #   AB_MODULE=bench.sparse   the benchmark (default bench.run, run with --no-triton --peers none)
+#   AB_CHANGE=               this tree is not run (the archives only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp}" name=$1 rounds=$2
@@ -21,7 +22,7 @@ for tree in ${AB_TREES:-base}; do
     rm -rf "/tmp/ab_$tree" && mkdir -p "/tmp/ab_$tree" && tar xzf ".ab/$tree.tgz" -C "/tmp/ab_$tree"
 done
 for round in $(seq "$rounds"); do
-    for tree in change ${AB_TREES:-base}; do
+    for tree in ${AB_CHANGE-change} ${AB_TREES:-base}; do
         dir=$PWD && [ $tree != change ] && dir=/tmp/ab_$tree
         (cd "$dir" && KGEN_CACHE_DIR=/tmp/ab_cache_$tree PYTHONPATH="/tmp/site:$dir" PYTHONUNBUFFERED=1 \
             timeout 280 python3 -m "$module" "${extra[@]}" --out "$runs/$tree$round" "$@") \

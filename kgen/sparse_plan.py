@@ -29,10 +29,14 @@ def tile_tokens(heads: int, bm: int) -> int:
 def sparse_tiles(c: PlanContext) -> MmaSyncTiles:
     """The mma.sync tiling of the sparse kernels: the plan's own where it is one (a row tile's
     tokens must fit a 32-bit mask: BM <= 32), without clusters, else the mma.sync design's choice
-    for the arch."""
+    for the arch; with Q's tile apart from the ring where shared memory allows (its copies then
+    overlap the key list's build: bench/NOTES.md v49)."""
     if isinstance(c.tiles, MmaSyncTiles) and c.tiles.bm <= 32:
-        return replace(c.tiles, cluster=1)  # the sparse schedule has no clusters
-    return mma_sync.DESIGN.choose(c.spec, c.arch)
+        t = replace(c.tiles, cluster=1)  # the sparse schedule has no clusters
+    else:
+        t = mma_sync.DESIGN.choose(c.spec, c.arch)
+    apart = replace(t, q_apart=1)
+    return apart if apart.smem_bytes(c.spec) <= c.arch.smem_per_block else t
 
 
 def list_keys(c: PlanContext, t: MmaSyncTiles) -> int:

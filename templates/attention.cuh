@@ -60,7 +60,8 @@ namespace kgen {
 
 // Layout: the CTA's shared memory (bytes), rendered by kgen/designs/mma_sync.py (the planner's
 // budget): the staged row strides KV_STRIDE / Q_STRIDE / P_STRIDE (bytes) and S_STRIDE
-// (floats), the KV ring (RING_BYTES; Q is staged through it once), then S_OFF (partial scores
+// (floats), the KV ring (RING_BYTES; Q is staged through it once, at Q_OFF = 0, unless Q_OFF places
+// it apart, after the barriers: see stage_q), then S_OFF (partial scores
 // [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [P_COPIES][BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
 // float per row, per copy), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
 // the schedule's scratch (the partial scores are free until the first tile).
@@ -116,6 +117,9 @@ struct AttnConfig : Layout {
     // Scaled rows with the scales in P: each warp group has its own P (and rescale factors, and 1/l)
     // carrying its block's scales.
     static constexpr int P_COPIES = KV_SCALED && !V_SCALED ? DIM_GROUPS : 1;
+    // Q's tile apart from the KV ring (Q_OFF > 0, where shared memory allows): its copies may start
+    // before the ring is free, and the ring's before Q is in registers.
+    static constexpr bool Q_APART = Layout::Q_OFF != 0;
     using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
@@ -131,13 +135,15 @@ struct AttnConfig : Layout {
     static_assert(!KV_SCALED || (KV_FP8 && DV_G == SCALE_BLOCK && DIM_GROUPS == 4 && ROPE > 0 && ROPE % 16 == 0),
                   "scaled rows: each warp group's value dims are one scale block (read as a float4 of scales)");
     static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
-    static_assert(BM * Q_STRIDE <= RING_BYTES && STAGES * BN * KV_STRIDE <= RING_BYTES, "Q is staged through the KV ring");
+    static_assert(STAGES * BN * KV_STRIDE <= RING_BYTES, "the stages fit the ring");
+    static_assert(Q_APART ? Layout::Q_OFF >= BAR_OFF + (2 * STAGES + 1) * 8 && Layout::Q_OFF + BM * Q_STRIDE <= Layout::SMEM_BYTES
+                          : BM * Q_STRIDE <= RING_BYTES, "Q is staged through the KV ring, or after the barriers");
     static_assert(Layout::SMEM_BYTES >= BAR_OFF + (2 * STAGES + 1) * 8, "the barriers fit the layout");
     static_assert(CONSUMERS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
     static_assert(CLUSTER >= 1 && CLUSTER <= 8 && BN % CLUSTER == 0, "a cluster of at most 8 CTAs copies whole rows");
     static_assert(ROW_BLOCK_BAR0 + WARPS_M <= 16, "named barrier ids");
-    static_assert(KV_ROW % 16 == 0 && KV_STRIDE % 16 == 0 && Q_STRIDE % 16 == 0 && BAR_OFF % 8 == 0,
+    static_assert(KV_ROW % 16 == 0 && KV_STRIDE % 16 == 0 && Q_STRIDE % 16 == 0 && Layout::Q_OFF % 16 == 0 && BAR_OFF % 8 == 0,
                   "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 };
 
@@ -148,6 +154,10 @@ template <class C>
 __device__ __forceinline__ mbarrier* q_full(char* smem) {
     return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + 2 * C::STAGES;
 }
+
+// The staged Q tile: BM rows of Q_STRIDE bytes.
+template <class C>
+__device__ __forceinline__ char* q_tile(char* smem) { return smem + C::Q_OFF; }
 
 // First key dim of this warp group's k-step `ks`: its value/latent slice, then its rope steps.
 template <class C>
@@ -221,13 +231,13 @@ __device__ __forceinline__ float4 scaled4(const char* q_row, int d, float q_div)
 // e4m3 (k = 32): register i holds 4 consecutive dims. f16 (k = 16): the k order is permuted to
 // match key_fragments' (lane q holds dims 4q .. 4q+3: k 2q, 2q+1 in a[0] and k 2q+8, 2q+9 in a[2]).
 template <class C>
-__device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
+__device__ __forceinline__ void quantize_q(unsigned (&a)[4], const char* qt, int r, int d0, int q4,
                                            float div_lo, float div_hi) {
-    const float4 lo = scaled4<C>(smem + r * C::Q_STRIDE, d0 + 4 * q4, div_lo);
-    const float4 hi = scaled4<C>(smem + (r + 8) * C::Q_STRIDE, d0 + 4 * q4, div_hi);
+    const float4 lo = scaled4<C>(qt + r * C::Q_STRIDE, d0 + 4 * q4, div_lo);
+    const float4 hi = scaled4<C>(qt + (r + 8) * C::Q_STRIDE, d0 + 4 * q4, div_hi);
     if constexpr (C::MMA_E4M3) {
-        const float4 lo2 = scaled4<C>(smem + r * C::Q_STRIDE, d0 + 16 + 4 * q4, div_lo);
-        const float4 hi2 = scaled4<C>(smem + (r + 8) * C::Q_STRIDE, d0 + 16 + 4 * q4, div_hi);
+        const float4 lo2 = scaled4<C>(qt + r * C::Q_STRIDE, d0 + 16 + 4 * q4, div_lo);
+        const float4 hi2 = scaled4<C>(qt + (r + 8) * C::Q_STRIDE, d0 + 16 + 4 * q4, div_hi);
         a[0] = pack_e4m3x4(lo);
         a[1] = pack_e4m3x4(hi);
         a[2] = pack_e4m3x4(lo2);
@@ -250,10 +260,10 @@ __device__ __forceinline__ unsigned scaled_bf16x2(const char* q_row, int d, floa
 // A bf16 fragment (m16n8k16, the plain k order of key_fragments_b16) of dims [d0, d0 + 16) for rows
 // r and r + 8 of the staged Q tile, scaled: a scaled row's rope k-steps.
 template <class C>
-__device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* smem, int r, int d0, int q4,
+__device__ __forceinline__ void scaled_q_bf16(unsigned (&a)[4], const char* qt, int r, int d0, int q4,
                                               float div_lo, float div_hi) {
-    const char* lo = smem + r * C::Q_STRIDE;
-    const char* hi = smem + (r + 8) * C::Q_STRIDE;
+    const char* lo = qt + r * C::Q_STRIDE;
+    const char* hi = qt + (r + 8) * C::Q_STRIDE;
     a[0] = scaled_bf16x2<C>(lo, d0 + 2 * q4, div_lo);
     a[1] = scaled_bf16x2<C>(hi, d0 + 2 * q4, div_hi);
     a[2] = scaled_bf16x2<C>(lo, d0 + 8 + 2 * q4, div_lo);
@@ -275,11 +285,11 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
 #pragma unroll
             for (int ks = 0; ks < C::K_STEPS; ++ks) {
                 const int r = w.wrow0 + mt * 16 + (w.lane % 16);
-                ldmatrix_x4(st.qf[mt][ks], smem + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
+                ldmatrix_x4(st.qf[mt][ks], q_tile<C>(smem) + r * C::Q_STRIDE + key_dim<C>(w.group, ks) * 2 + (w.lane / 16) * 16);
             }
     } else {
         float* q_div = reinterpret_cast<float*>(smem + C::ALPHA_OFF);  // free until the first tile
-        const char* my_row = smem + w.red_row * C::Q_STRIDE;
+        const char* my_row = q_tile<C>(smem) + w.red_row * C::Q_STRIDE;
         float amax = 0.f;
         for (int d = (threadIdx.x % C::RED_THREADS) * 8; d < C::D; d += C::RED_THREADS * 8) {
             float v[8];
@@ -302,41 +312,55 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
 #pragma unroll
             for (int ks = 0; ks < C::K_STEPS; ++ks) {
                 if (!has_step<C>(w.group, ks)) continue;
-                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
-                else quantize_q<C>(st.qf[mt][ks], smem, r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
+                if (bf16_rope_step<C>(ks)) scaled_q_bf16<C>(st.qf[mt][ks], q_tile<C>(smem), r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
+                else quantize_q<C>(st.qf[mt][ks], q_tile<C>(smem), r, key_dim<C>(w.group, ks), w.q4, div_lo, div_hi);
             }
         }
     }
 }
 
-// Set up the ring's barriers, load Q into fragments (staged through the ring: the producer copies
-// its rows in; rows >= num_rows are padding, zeros), zero O.
+// Start the copies of Q's real rows (min(num_rows, BM)) into the Q tile: the producer warp's bulk
+// copies, counted on q_full, which its lane 0 sets up. The compute warps wait on q_full after a sync.
+template <class C, class QRows>
+__device__ __forceinline__ void copy_q(char* smem, const QRows& q_rows, int num_rows) {
+    if (!is_producer<C>()) return;
+    const int rows = min(num_rows, C::BM), lane = threadIdx.x % 32;
+    if (lane == 0) {
+        mbar_init(q_full<C>(smem), 1);
+        mbar_init_fence();
+        mbar_arrive_expect_tx(q_full<C>(smem), rows * C::Q_ROW);
+    }
+    __syncwarp();
+    for (int r = lane; r < rows; r += 32) bulk_copy(q_tile<C>(smem) + r * C::Q_STRIDE, q_rows.row(r, 0), C::Q_ROW, q_full<C>(smem));
+}
+
+// What attend() takes for its Q rows when the caller has started their copies (copy_q) already.
+struct StagedQ {};
+template <class C>
+__device__ __forceinline__ void copy_q(char*, const StagedQ&, int) {}
+
+// Set up the ring's barriers, load Q into fragments (copied here, or already by the caller:
+// StagedQ), zero O.
 // scale_log2: softmax scale * log2(e); kv_scale: the e4m3 KV's dequantization scale (unused for bf16).
 template <class C, class QRows>
 __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const QRows& q_rows, int num_rows,
                                              float scale_log2, float kv_scale) {
-    // The padding rows are written here, not copied from the last row: a decode tile (8 of 32 rows)
-    // waited on 24 more bulk copies of one row (bench/NOTES.md v48). The ring's copies overwrite them
-    // later: the async proxy must see these generic writes first.
+    // Q's padding rows are zeros written here, not copies of the last row: a decode tile (8 of 32
+    // rows) waited on 24 more bulk copies of one row (bench/NOTES.md v48). Through the ring, the
+    // ring's copies overwrite them later: the async proxy must see these generic writes first.
     const int rows = min(num_rows, C::BM);
     constexpr int CHUNKS = C::Q_ROW / 16;
     for (int i = threadIdx.x; i < (C::BM - rows) * CHUNKS; i += blockDim.x)
-        *reinterpret_cast<uint4*>(smem + (rows + i / CHUNKS) * C::Q_STRIDE + (i % CHUNKS) * 16) = make_uint4(0, 0, 0, 0);
-    fence_proxy_async();
+        *reinterpret_cast<uint4*>(q_tile<C>(smem) + (rows + i / CHUNKS) * C::Q_STRIDE + (i % CHUNKS) * 16) = make_uint4(0, 0, 0, 0);
+    if constexpr (!C::Q_APART) fence_proxy_async();
+    copy_q<C>(smem, q_rows, num_rows);
     if (threadIdx.x == 0) {
         ring_init<C>(smem, 1, C::EMPTY_ARRIVALS);  // the producer lane 0's expect_tx; the compute threads
-        mbar_init(q_full<C>(smem), 1);
         mbar_init_fence();
     }
     __syncthreads();
     st.ring_pos = 0;
-    if (is_producer<C>()) {
-        const int lane = threadIdx.x % 32;
-        if (lane == 0) mbar_arrive_expect_tx(q_full<C>(smem), rows * C::Q_ROW);
-        __syncwarp();
-        for (int r = lane; r < rows; r += 32)
-            bulk_copy(smem + r * C::Q_STRIDE, q_rows.row(r, 0), C::Q_ROW, q_full<C>(smem));
-    } else {
+    if (!is_producer<C>()) {
         mbar_wait(q_full<C>(smem), 0);
         load_q_fragments<C>(smem, st, scale_log2, kv_scale);
 #pragma unroll
@@ -350,10 +374,11 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
         st.block_ref = 0x01010101u;  // 2^-126 each: no scale seen yet
         st.v_exp = 1;
     }
-    // Q is in registers: the ring may be refilled (in a cluster, by any CTA's producer, once every
-    // CTA has its Q: the sync also makes the barriers set up above visible to the peers).
+    // Through the ring, Q must be in registers before the ring is refilled (in a cluster, by any CTA's
+    // producer, once every CTA has its Q: the sync also makes the barriers set up above visible to the
+    // peers); apart from it, the producer stages the first tiles while the compute warps load Q.
     if constexpr (C::CLUSTER > 1) cluster_sync();
-    else __syncthreads();
+    else if constexpr (!C::Q_APART) __syncthreads();
 }
 
 // B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of

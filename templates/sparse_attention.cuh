@@ -386,6 +386,15 @@ __device__ __forceinline__ ItemRows sparse_item_rows(const SparseArgs& a, const 
     return {qo0, tokens, (long long)qo0 * C::HEADS + item.row_tile * C::BM, tokens * C::HEADS - item.row_tile * C::BM};
 }
 
+// Q's tile apart from the ring (C::Q_APART): its copies start before the key list is built (the
+// set holds the ring), so they land meanwhile (bench/NOTES.md v49). Not inlined: inlined, its
+// registers spilled a word across the key loop.
+template <class C>
+__device__ __noinline__ void copy_item_q(char* smem, const bf16* q, const SparseArgs a, const SparseItem item) {
+    const ItemRows r = sparse_item_rows<C>(a, item);
+    copy_q<C>(smem, item_q_rows<C>(q, r), r.rows);
+}
+
 // sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
 // slots, then, in the last split, the request's tree tokens under the tree mask; one online
 // softmax into the partial state of slot blockIdx.x. LIST_KEYS: keys of a CTA's list scratch.
@@ -400,6 +409,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                   "the insertion queues fit between the ring and the barriers");
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
     if (item.b < 0) return;
+    if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);
     const int row0 = item.row_tile * C::BM, token0 = row0 / C::HEADS, width = a.topk_width;
     const KeyList list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
                        reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * LIST_KEYS};
@@ -454,8 +464,12 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     const KeyRange<ListRows<C::KV_ROW>, ListVisible<C>> keys{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
     const bool last_split = item.split == item.splits - 1;
     const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
-    attend<C>(smem, QueryRows<C>{reinterpret_cast<const char*>(q + r.row0 * C::D)}, r.rows, scale_log2, kv_scale,
-              keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV, part_lse + (long long)blockIdx.x * C::BM);
+    const auto attend_from = [&](const auto& q_staged) {
+        attend<C>(smem, q_staged, r.rows, scale_log2, kv_scale, keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV,
+                  part_lse + (long long)blockIdx.x * C::BM);
+    };
+    if constexpr (C::Q_APART) attend_from(StagedQ{});
+    else attend_from(item_q_rows<C>(q, r));
     // The sparse combine may launch once every CTA is here or gone (CTAs without an item): after the
     // loop, since a combine started early measured slower (bench/NOTES.md v29).
     launch_dependents();

@@ -71,6 +71,9 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
         assert v.smem_bytes <= p.arch.smem_per_block
         table = v.constants["TABLE"]
         assert table == TABLES[name, arch] and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
+        # Q's tile apart from the ring (its copies overlap the key list's build) where shared memory allows
+        apart = "static constexpr int Q_OFF = 0;" not in v.constants["CONFIG"]
+        assert apart == (arch == "sm_90"), v.constants["CONFIG"]
         # a CTA's key list holds its row tile's entries (4 tokens of 8 heads x index_topk): what bounds
         # its distinct slots, whatever the rounds its union takes
         assert v.constants["LIST_KEYS"] == 4 * 2048

@@ -16,6 +16,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 97792;
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
@@ -27,7 +28,7 @@ static_assert(Cfg::tile_box_ok(32, 1168, 0),
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__f5b88133f79d(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h128_d576_ps64_bf16_t16_sm120__2b3eff86339d(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

@@ -16,6 +16,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 97792;
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
@@ -34,7 +35,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__96868f8cae40(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h128_d576_ps64_bf16_t16_sm120__3414f4c82a7d(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

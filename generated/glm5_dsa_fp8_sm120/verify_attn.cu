@@ -16,6 +16,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 93696;
     static constexpr int INV_L_OFF = 94208;
     static constexpr int BAR_OFF = 94720;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 94776;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 62976;
@@ -34,7 +35,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__5ec37f666706(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__fd80965438a0(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

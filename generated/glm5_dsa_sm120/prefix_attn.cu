@@ -16,6 +16,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 93696;
     static constexpr int INV_L_OFF = 94208;
     static constexpr int BAR_OFF = 94720;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 94776;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 62976;
@@ -27,7 +28,7 @@ static_assert(Cfg::tile_box_ok(32, 656, 0),
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__3a2008cc8450(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__5c8e5c57f4b4(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

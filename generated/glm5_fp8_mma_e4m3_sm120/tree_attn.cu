@@ -17,6 +17,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 97792;
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 98120;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 75776;
@@ -33,7 +34,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3_t64_sm120__df8d2aab6f06(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3_t64_sm120__6f38ffe5caac(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ k_tree,
     float kv_scale,

@@ -16,6 +16,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 98816;
     static constexpr int INV_L_OFF = 98944;
     static constexpr int BAR_OFF = 99072;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 99144;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 75776;
@@ -25,7 +26,7 @@ static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__cbf3df14f83c(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_e4m3f16_t64_sm120__e7e4522d830a(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,

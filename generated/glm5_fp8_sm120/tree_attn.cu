@@ -17,6 +17,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 98816;
     static constexpr int INV_L_OFF = 98944;
     static constexpr int BAR_OFF = 99072;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 99144;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 75776;
@@ -33,7 +34,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3f16_t64_sm120__a2c5ff4ec0fe(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_e4m3f16_t64_sm120__c453fc5cc646(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ k_tree,
     float kv_scale,

@@ -16,6 +16,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 97792;
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
@@ -25,7 +26,7 @@ static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 0;
 using RequestMask = kgen::NoKeys;
 
-extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_bf16_t64_sm120__ccc5bc5767ed(
+extern "C" __global__ void __launch_bounds__(288, 1) prefix_attn__h8_d576_ps1_bf16_t64_sm120__17d3ebbe360e(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

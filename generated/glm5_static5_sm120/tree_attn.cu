@@ -17,6 +17,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 97792;
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
@@ -35,7 +36,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_st5_sm120__e57555921ff5(
+extern "C" __global__ void __launch_bounds__(288, 1) tree_attn__h8_d576_ps1_bf16_st5_sm120__b8d180b35d9b(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ k_tree,
     float kv_scale,

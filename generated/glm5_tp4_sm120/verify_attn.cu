@@ -16,6 +16,7 @@ struct Layout {
     static constexpr int ALPHA_OFF = 97792;
     static constexpr int INV_L_OFF = 97920;
     static constexpr int BAR_OFF = 98048;
+    static constexpr int Q_OFF = 0;
     static constexpr int SMEM_BYTES = 98088;
     static constexpr int SCALES_IN_V = 0;
     static constexpr int SCRATCH_OFF = 74752;
@@ -32,7 +33,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h16_d576_ps1_bf16_t1024_sm120__939f2f847eaf(
+extern "C" __global__ void __launch_bounds__(288, 1) verify_attn__h16_d576_ps1_bf16_t1024_sm120__13a38f5fbd30(
     const __nv_bfloat16* __restrict__ q,
     const __nv_bfloat16* __restrict__ kv_cache,
     float kv_scale,

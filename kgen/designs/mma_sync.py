@@ -42,6 +42,9 @@ class MmaSyncTiles:
     # DSA rows in f16 mode: 1, the block scales enter P·V through V (one P; 12-17% faster on the H200),
     # or 0, through one copy of P per warp group (templates/attention.cuh). A number: tilings are texts
     scales_in_v: int = 1
+    # 1: Q's tile after the barriers, apart from the KV ring (the sparse kernels, where shared memory
+    # allows: their copies of Q then overlap the key list's build, which holds the ring), or 0: in the ring
+    q_apart: int = 0
 
     design: ClassVar[str] = "mma_sync"
 
@@ -51,7 +54,7 @@ class MmaSyncTiles:
 
     def layout(self, spec: Spec) -> dict[str, int]:
         """Shared memory of one attention CTA (bytes), as AttnConfig reads it: the KV ring (Q is
-        staged through it once), the partial scores of each dim group, the probabilities, each row's
+        staged through it once, or after the barriers: q_apart), the partial scores of each dim group, the probabilities, each row's
         rescale factor and final 1/l (DSA pool rows: one P and these per warp group), and the
         mbarriers (full and empty per stage, one for Q)."""
         elem, d = kvrows.elem_bytes(spec), spec.model.head_dim
@@ -62,12 +65,13 @@ class MmaSyncTiles:
         copies = DIM_GROUPS if spec.cache.per_block and not self.v_scaled(spec) else 1
         ring = self.stages * self.bn * kv_stride
         check(not (self.bm % 16 or self.bm % self.warps_m or (self.bm // self.warps_m) % 16 or self.bn % 16
-                   or self.bn % k_step or self.bm * q_stride > ring or self.cluster not in (1, 2, 4, 8)
-                   or self.bn % self.cluster or self.scales_in_v not in (0, 1)),
+                   or self.bn % k_step or (self.bm * q_stride > ring and not self.q_apart)
+                   or self.cluster not in (1, 2, 4, 8) or self.bn % self.cluster or self.scales_in_v not in (0, 1)
+                   or self.q_apart not in (0, 1)),
               f"attention tiles {self}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
               f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
               f"Q ({self.bm * q_stride} B) within the KV staging buffers ({ring} B), "
-              f"clusters of 1, 2, 4 or 8 CTAs that split BN, and SCALES_IN_V 0 or 1")
+              f"clusters of 1, 2, 4 or 8 CTAs that split BN, and SCALES_IN_V and Q_APART 0 or 1")
         s_stride = self.bn + S_ROW_PAD  # floats
         p_stride = self.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD
         s_off = ring
@@ -75,9 +79,12 @@ class MmaSyncTiles:
         alpha_off = p_off + copies * self.bm * p_stride
         inv_l_off = alpha_off + copies * self.bm * 4
         bar_off = inv_l_off + copies * self.bm * 4
+        bar_end = bar_off + (2 * self.stages + 1) * 8
+        q_off = -(-bar_end // 128) * 128 if self.q_apart else 0  # a bulk copy's destination: 16 B aligned at least
         return {"KV_STRIDE": kv_stride, "Q_STRIDE": q_stride, "S_STRIDE": s_stride, "P_STRIDE": p_stride,
                 "RING_BYTES": ring, "S_OFF": s_off, "P_OFF": p_off, "ALPHA_OFF": alpha_off, "INV_L_OFF": inv_l_off,
-                "BAR_OFF": bar_off, "SMEM_BYTES": bar_off + (2 * self.stages + 1) * 8, "SCALES_IN_V": int(self.v_scaled(spec)),
+                "BAR_OFF": bar_off, "Q_OFF": q_off, "SMEM_BYTES": q_off + self.bm * q_stride if self.q_apart else bar_end,
+                "SCALES_IN_V": int(self.v_scaled(spec)),
                 "SCRATCH_OFF": s_off}  # the schedule's scratch: the partial scores are free until the first tile
 
     def smem_bytes(self, spec: Spec) -> int:
@@ -102,7 +109,8 @@ class MmaSyncTiles:
         return (f"mma.sync loop: BM={self.bm} packed (token, head) rows, BN={self.bn} KV rows, "
                 f"{self.warps_m}x{DIM_GROUPS} compute warps + 1 producer warp, {self.stages} stages"
                 + (f", clusters of {self.cluster} row tiles sharing each KV tile" if self.cluster > 1 else "")
-                + ("" if self.scales_in_v else ", DSA block scales through P"))
+                + ("" if self.scales_in_v else ", DSA block scales through P")
+                + (", Q apart from the ring" if self.q_apart else ""))
 
 
 class MmaSync(Design):
