@@ -155,16 +155,17 @@ class CombineEntry(KernelEntry):
                     batch=step.batch, o=None, lse=None)
 
 
-def combine_variant(c: PlanContext, name: str, bm: int, overlaps_attention: bool) -> Variant:
-    """Merges an attention call's split partials (bm rows each) into o and lse; launched with
-    CombineEntry.threads (at most the variant's), and to overlap the attention kernel's tail where
-    `overlaps_attention` (programmatic dependent launch: bench/NOTES.md v29 says where it pays)."""
+def combine_variant(c: PlanContext, name: str, bm: int, overlaps_attention: bool, part_o: str = "float") -> Variant:
+    """Merges an attention call's split partials (bm rows each, o of type part_o) into o and lse;
+    launched with CombineEntry.threads (at most the variant's), and to overlap the attention
+    kernel's tail where `overlaps_attention` (programmatic dependent launch: bench/NOTES.md v29
+    says where it pays)."""
     m = c.spec.model
     return Variant(kernel=name, name=name, template="lse_combine.cu.j2",
                    threads=m.value_dim // 4 * COMBINE_MAX_GROUPS, smem_bytes=0, min_blocks=1,
                    constants={"HEADS": m.num_q_heads, "DV": m.value_dim, "BM": bm,
                               "MAX_GROUPS": COMBINE_MAX_GROUPS, "STATE_BATCH": COMBINE_STATE_BATCH},
-                   params=params("const float* __restrict__ part_o", "const float* __restrict__ part_lse",
+                   params=params(f"const {part_o}* __restrict__ part_o", "const float* __restrict__ part_lse",
                                  "const int* __restrict__ qo_indptr", "const int4* __restrict__ req_meta",
                                  "int batch", f"{BF16}* __restrict__ o", "float* __restrict__ lse"),
                    tag=c.tag, waits_for_prior=overlaps_attention)
@@ -186,7 +187,8 @@ def _sparse_attn(c: PlanContext) -> list[Variant]:
 def _sparse_combine(c: PlanContext) -> list[Variant]:
     if not c.spec.model.sparse:
         return []
-    return [combine_variant(c, "sparse_combine", sparse_plan.sparse_bm(c), overlaps_attention=True)]
+    return [combine_variant(c, "sparse_combine", sparse_plan.sparse_bm(c), overlaps_attention=True,
+                            part_o=sparse_plan.PART_O)]
 
 
 # The sparse step (kgen/sparse.py) packs their argument blocks.

@@ -217,6 +217,7 @@ class Call:
     splits: int  # partial states per output row
     combine_slots: int  # combine CTAs (one per output row) that run at once
     combine_rounds: int  # batches of loads in a combine CTA's chain (kgen/kernels.py CombineEntry)
+    part_o_bytes: int = 4  # bytes of a partial state's o element (fp32; the sparse kernels' bf16)
 
     @property
     def slots(self) -> int:
@@ -238,7 +239,7 @@ class Call:
         # bench's rotated calls, share one workspace: bench/NOTES.md v30) rewrites and rereads lines
         # the previous call left there
         rows = shape.B * shape.T * shape.H
-        partials = len(self.items) * self.plan.tiles.bm * (spec.model.value_dim + 1) * 4
+        partials = len(self.items) * self.plan.tiles.bm * (spec.model.value_dim * self.part_o_bytes + 4)
         kv_bytes = sum(it.tiles * it.dram_bytes for it in self.items)
         from_dram = 0 if partials + kv_bytes <= arch.l2_mb * 1e6 / 2 else partials
         chains = ceil_div(rows, self.combine_slots) * self.combine_rounds * cal.state_us

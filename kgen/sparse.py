@@ -18,7 +18,7 @@ import torch
 from . import checks, env
 from .kernels import SPARSE_COMBINE
 from .kvargs import KVArgs
-from .sparse_plan import MIN_CHUNK, list_capacity
+from .sparse_plan import MIN_CHUNK, PART_O_BYTES, list_capacity
 from .splitkv import ceil_div
 
 _ALIGN = 256
@@ -59,7 +59,7 @@ def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[in
     """Byte offsets of part_lse, req_meta and the key lists in a workspace (part_o starts it), and
     its size, for `grid` CTAs (a partial state of BM rows and a list of LIST_KEYS keys each)."""
     rows = grid * k.bm
-    part_lse = _aligned(rows * k.spec.model.value_dim * 4)
+    part_lse = _aligned(rows * k.spec.model.value_dim * PART_O_BYTES)
     req_meta = part_lse + _aligned(rows * 4)
     lists = req_meta + _aligned(batch * 16)
     return part_lse, req_meta, lists, lists + _aligned(grid * 2 * k.list_keys * 4)

@@ -17,7 +17,7 @@ from .arch import Arch, get_arch
 from . import kvrows
 from .model import Call, Floor, Item, Prediction, Shape, calibration, combine_shape, tile_work
 from .plan import plan
-from .sparse_plan import MIN_CHUNK, sparse_tiles, tile_tokens
+from .sparse_plan import MIN_CHUNK, PART_O_BYTES, sparse_tiles, tile_tokens
 from .splitkv import ceil_div
 from .variant import PlanContext
 from .spec import Spec
@@ -73,7 +73,8 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
         items += [Item(tiles, request_bytes / row_tiles / tiles)] * row_tiles
     work = tile_work(p, arch)
     all_items = tuple(items * sh.B)
-    call = Call(spec, sh, arch, p, work, all_items, splits, *combine_shape(p, sh, arch, len(all_items), splits))
+    call = Call(spec, sh, arch, p, work, all_items, splits, *combine_shape(p, sh, arch, len(all_items), splits),
+                part_o_bytes=PART_O_BYTES)
     cal = calibration()
     build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3)
     prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us))

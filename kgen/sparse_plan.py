@@ -19,6 +19,11 @@ from .variant import BF16, PlanContext, Variant
 SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
 MAX_TABLE = 8192  # hash-set entries (8 B each): 4096 keys per round
 MIN_CHUNK = 64  # list entries a split reads at least, so partial states stay a small overhead
+# The partial states' o in bf16, not fp32: at B = 1 the CTAs write (and the combine reads back) as
+# many bytes of partial states as the listed rows hold (bench/NOTES.md v50); bf16 rounds each once
+# more, within DESIGN §6's 1e-2 for the bf16 output. Their lse stays fp32.
+PART_O = BF16
+PART_O_BYTES = 2
 
 
 def tile_tokens(heads: int, bm: int) -> int:
@@ -81,7 +86,7 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
              "const int* __restrict__ qo_indptr", "const int* __restrict__ topk_indices", "int topk_width",
              "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes", "int total_tokens",
              "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta",
-             "float* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots")
+             f"{PART_O}* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots")
     table = table_entries(c, t)
     constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), **ctx.tree_constants}
     return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn", **constants}, decls),

@@ -770,10 +770,10 @@ __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const
     else consume_range<C>(smem, st, num_keys, visible, tile_begin, tile_end);
 }
 
-// Normalize and write the partial state: part_o[BM][DV] and part_lse[BM] (natural log; -inf for
-// rows that saw nothing).
-template <class C>
-__device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, float* __restrict__ part_o,
+// Normalize and write the partial state: part_o[BM][DV] (fp32, or bf16: PartO) and part_lse[BM]
+// (natural log; -inf for rows that saw nothing).
+template <class C, class PartO>
+__device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, PartO* __restrict__ part_o,
                                            float* __restrict__ part_lse) {
     if (is_producer<C>()) return;  // its last copies were consumed: nothing of it is pending
     float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
@@ -796,21 +796,21 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const int r = w.wrow0 + mt * 16 + w.g;
         const float il_lo = my_inv_l[r] * v_ref, il_hi = my_inv_l[r + 8] * v_ref;
-        float* lo = part_o + r * C::DV;
-        float* hi = part_o + (r + 8) * C::DV;
+        PartO* lo = part_o + r * C::DV;
+        PartO* hi = part_o + (r + 8) * C::DV;
 #pragma unroll
         for (int np = 0; np < C::DV_G / 16; ++np) {
             const float* e = st.o_acc[mt][2 * np];
             const float* o = st.o_acc[mt][2 * np + 1];
             const int d = w.group * C::DV_G + np * 16;
             if constexpr (C::KV_FP8) {  // even/odd dim tiles (value_fragments): this lane holds dims d + 4q .. +3
-                *reinterpret_cast<float4*>(lo + d + 4 * w.q4) = make_float4(e[0] * il_lo, o[0] * il_lo, e[1] * il_lo, o[1] * il_lo);
-                *reinterpret_cast<float4*>(hi + d + 4 * w.q4) = make_float4(e[2] * il_hi, o[2] * il_hi, e[3] * il_hi, o[3] * il_hi);
+                store4(lo + d + 4 * w.q4, e[0] * il_lo, o[0] * il_lo, e[1] * il_lo, o[1] * il_lo);
+                store4(hi + d + 4 * w.q4, e[2] * il_hi, o[2] * il_hi, e[3] * il_hi, o[3] * il_hi);
             } else {  // two 8-dim tiles: this lane holds dims d + 2q, +1 and d + 8 + 2q, +1
-                *reinterpret_cast<float2*>(lo + d + 2 * w.q4) = make_float2(e[0] * il_lo, e[1] * il_lo);
-                *reinterpret_cast<float2*>(hi + d + 2 * w.q4) = make_float2(e[2] * il_hi, e[3] * il_hi);
-                *reinterpret_cast<float2*>(lo + d + 8 + 2 * w.q4) = make_float2(o[0] * il_lo, o[1] * il_lo);
-                *reinterpret_cast<float2*>(hi + d + 8 + 2 * w.q4) = make_float2(o[2] * il_hi, o[3] * il_hi);
+                store2(lo + d + 2 * w.q4, e[0] * il_lo, e[1] * il_lo);
+                store2(hi + d + 2 * w.q4, e[2] * il_hi, e[3] * il_hi);
+                store2(lo + d + 8 + 2 * w.q4, o[0] * il_lo, o[1] * il_lo);
+                store2(hi + d + 8 + 2 * w.q4, o[2] * il_hi, o[3] * il_hi);
             }
         }
     }
@@ -819,9 +819,9 @@ __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, f
 // Attention of the CTA's BM query rows over the key range `first`, then the range second() returns
 // (NoKeys: none; made once the first is done), one online softmax; writes the partial state to
 // part_o / part_lse. Every thread calls it.
-template <class C, class QRows, class First, class SecondFn>
+template <class C, class QRows, class First, class SecondFn, class PartO>
 __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_rows, float scale_log2, float kv_scale,
-                                       const First& first, const SecondFn& second_fn, float* __restrict__ part_o,
+                                       const First& first, const SecondFn& second_fn, PartO* __restrict__ part_o,
                                        float* __restrict__ part_lse) {
     AttnState<C> st;
     attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);

@@ -104,8 +104,8 @@ struct OnlineMerge : StateMerge {
     }
 };
 
-template <int HEADS, int DV, int BM, int MAX_GROUPS, int STATE_BATCH>
-__device__ __forceinline__ void combine_partials(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+template <int HEADS, int DV, int BM, int MAX_GROUPS, int STATE_BATCH, class PartO>
+__device__ __forceinline__ void combine_partials(const PartO* __restrict__ part_o, const float* __restrict__ part_lse,
                                                  const int* __restrict__ qo_indptr, const int4* __restrict__ req_meta,
                                                  int batch, bf16* __restrict__ o, float* __restrict__ lse) {
     static_assert(DV % 4 == 0, "4 dims per thread");
@@ -132,8 +132,7 @@ __device__ __forceinline__ void combine_partials(const float* __restrict__ part_
         for (int k = 0; k < STATE_BATCH; ++k) {  // every load of the batch, then their uses
             const int s = s0 + k * groups;
             l[k] = s < states ? part_lse[at(s)] : neg_inf();
-            v[k] = s < states ? *reinterpret_cast<const float4*>(part_o + at(s) * DV + col * 4)
-                              : make_float4(0.f, 0.f, 0.f, 0.f);
+            v[k] = s < states ? load4(part_o + at(s) * DV + col * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
 #pragma unroll
         for (int k = 0; k < STATE_BATCH; ++k) merge.fold(l[k], v[k]);

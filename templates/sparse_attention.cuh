@@ -398,10 +398,10 @@ __device__ __noinline__ void copy_item_q(char* smem, const bf16* q, const Sparse
 // sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
 // slots, then, in the last split, the request's tree tokens under the tree mask; one online
 // softmax into the partial state of slot blockIdx.x. LIST_KEYS: keys of a CTA's list scratch.
-template <class C, bool UNION, int TABLE, int LIST_KEYS, int MASK_WORDS, class RequestMask>
+template <class C, bool UNION, int TABLE, int LIST_KEYS, int MASK_WORDS, class RequestMask, class PartO>
 __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, const char* kv_cache, float kv_scale,
                                                  const char* k_tree, const RequestMask& request_mask,
-                                                 const SparseArgs& a, float* part_o, float* part_lse,
+                                                 const SparseArgs& a, PartO* part_o, float* part_lse,
                                                  float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
     static_assert(SlotSet<TABLE>::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");

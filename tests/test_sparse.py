@@ -100,6 +100,25 @@ def test_the_sparse_kernels_compile_without_spills_and_use_the_tensor_cores(arch
             assert b.smem_bytes <= 99 * 1024
 
 
+@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
+def test_the_sparse_partial_states_hold_o_in_bf16(arch):
+    """The sparse kernels write their partial o as bf16 and the combine reads it so (half the bytes of
+    fp32: bench/NOTES.md v50); the workspace holds grid x BM rows of it, then the fp32 lse."""
+    from types import SimpleNamespace
+
+    from kgen.sparse import sparse_workspace_layout
+
+    p = plan(spec_named("glm5_dsa_sm120"), arch)
+    for name in ("sparse_verify_attn", "sparse_gather_attn", "sparse_combine"):
+        (ctype,) = [x.ctype for x in p.variant(name).params if x.name == "part_o"]
+        assert ctype.replace("const ", "").startswith("__nv_bfloat16*"), (name, ctype)
+    (dense_ctype,) = [x.ctype for x in p.variant("lse_combine").params if x.name == "part_o"]
+    assert "float*" in dense_ctype  # the dense path's partials stay fp32
+    grid, batch = 200, 3
+    off_lse, _, _, _ = sparse_workspace_layout(SimpleNamespace(spec=p.spec, bm=32, list_keys=8192), grid, batch)
+    assert grid * 32 * 512 * 2 <= off_lse < grid * 32 * 512 * 2 + 1024
+
+
 def test_list_capacity_is_half_the_set():
     assert list_capacity(8192) == 4096
 

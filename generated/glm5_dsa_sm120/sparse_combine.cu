@@ -4,8 +4,8 @@
 
 static_assert(1024 == 512 / 4 * 8, "at most MAX_GROUPS groups of DV / 4 threads");
 
-extern "C" __global__ void __launch_bounds__(1024, 1) sparse_combine__h8_d576_ps64_e4m3f16_pb_t64_sm120__5a74b95e6365(
-    const float* __restrict__ part_o,
+extern "C" __global__ void __launch_bounds__(1024, 1) sparse_combine__h8_d576_ps64_e4m3f16_pb_t64_sm120__d08c052e28d3(
+    const __nv_bfloat16* __restrict__ part_o,
     const float* __restrict__ part_lse,
     const int* __restrict__ qo_indptr,
     const int4* __restrict__ req_meta,

@@ -34,7 +34,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__99bc4f963c98(
+extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__1fa84b085fef(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -52,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576
     int validate,
     int* __restrict__ error_flag,
     int4* __restrict__ req_meta,
-    float* __restrict__ part_o,
+    __nv_bfloat16* __restrict__ part_o,
     float* __restrict__ part_lse,
     int* lists,
     long long num_slots) {
