@@ -13,6 +13,7 @@
 //   it (and the row tiles of one split run side by side, so DRAM sees it once per request).
 //   The set lives in the KV ring before the ring is used; a list that would outgrow the set's
 //   capacity is split into sub-partitions by more hash bits (rounds), each appended to the list.
+//   A row tile of one token has nothing to merge: its split lists its entries as gather does.
 // - gather (the internal baseline): split s owns a contiguous range of the tile's list entries,
 //   each entry one key of one token (a slot listed by k tokens is read k times).
 // The list goes to a global scratch region per CTA (LIST_KEYS keys: a row tile's entries, which
@@ -420,7 +421,9 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
         const ItemRows r = sparse_item_rows<C>(a, item);
         const int tile_tokens = (row0 + min(r.rows, C::BM) - 1) / C::HEADS + 1 - token0;
         const int* lists = a.topk + (long long)(r.qo0 + token0) * width;
-        if constexpr (UNION) {
+        // A row tile of one token (decode, or a request's last tile) has no lists to merge: its
+        // token's slots are distinct (DESIGN §12), so the union kernel lists them as gather does.
+        if (UNION && tile_tokens > 1) {
             // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
             // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
             // Rounds take disjoint slots, so their lists append.
@@ -446,7 +449,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
         } else {
             const int entries = tile_tokens * width;  // <= 32 x 65536
             const int per = (entries + item.splits - 1) / item.splits;
-            const int e0 = min(entries, item.split * per);  // per <= max_chunk <= LIST_KEYS
+            const int e0 = min(entries, item.split * per);  // per <= max_chunk, or one token's entries: <= LIST_KEYS
             count = build_gather(SlotSet<TABLE>::at(smem, nullptr, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
                                  min(entries, e0 + per), a);
         }
