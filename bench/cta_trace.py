@@ -27,9 +27,11 @@ from kgen.step import Step
 HEADER = "kgen/attention_kernels.cuh"
 # Per header, pairs of an anchor and what the trace puts in its place. The points: 0 start, 1 work
 # item found, 2 attend() done, 3 no item (exit), 4 Q in registers, 5 first key range done, 6 second
-# (the tree) done, 7 the dense schedule's chunk chosen or the sparse key list built. 4-6 only in the
-# mma.sync loop (attention.cuh), where thread 0 is a compute thread; the wgmma loops' thread 0 is a
-# producer's.
+# (the tree) done, 7 the dense schedule's chunk chosen or the sparse key list built; in the mma.sync
+# loop 8 its barriers set up (Q's wait next); in the sparse kernels 9 the schedule's sums done, and
+# per union round (the last round's stay) 10 the set cleared, 11 the entries scanned, 12 the list
+# written. 4-6 and 8 only in the mma.sync loop (attention.cuh), where thread 0 is a compute thread;
+# the wgmma loops' thread 0 is a producer's.
 PATCHES = {
     HEADER: (
         ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));\n"
@@ -51,6 +53,12 @@ PATCHES = {
          "    if (item.b < 0) { KGEN_TRACE(3); return; }\n    KGEN_TRACE(1);\n"),
         ("    fence_proxy_async();\n    __syncthreads();\n",
          "    KGEN_TRACE(7);\n    fence_proxy_async();\n    __syncthreads();\n"),
+        ("    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);\n",
+         "    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);\n    KGEN_TRACE(9);\n"),
+        ("    set.clear();\n    __syncthreads();\n", "    set.clear();\n    __syncthreads();\n    KGEN_TRACE(10);\n"),
+        ("    range.report(a);\n    __syncthreads();\n", "    range.report(a);\n    KGEN_TRACE(11);\n    __syncthreads();\n"),
+        ("    return fits ? set.compact(list) : -1;\n",
+         "    const int listed = fits ? set.compact(list) : -1;\n    KGEN_TRACE(12);\n    return listed;\n"),
         ("    launch_dependents();\n}\n", "    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),
     ),
     "kgen/schedule.cuh": (
@@ -58,6 +66,8 @@ PATCHES = {
          "    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n    KGEN_TRACE(7);\n"),
     ),
     "kgen/attention.cuh": (
+        ("        mbar_init_fence();\n    }\n    __syncthreads();\n    st.ring_pos = 0;\n",
+         "        mbar_init_fence();\n    }\n    __syncthreads();\n    KGEN_TRACE(8);\n    st.ring_pos = 0;\n"),
         ("    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n",
          "    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n    KGEN_TRACE(4);\n"),
         ("    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n",
@@ -68,21 +78,21 @@ PATCHES = {
          "    KGEN_TRACE(6);\n"),
     ),
 }
-POINTS = 8
+POINTS = 16
 TRACE_CTAS = 4096  # the most CTAs a traced call may have
-TRACE_BYTES = TRACE_CTAS * 16 * 8
+TRACE_BYTES = TRACE_CTAS * 2 * POINTS * 8
 MACRO = """
 // bench/cta_trace.py: thread 0 writes (global timer, clock) of trace point P of this CTA into the
-// TRACE_BYTES just before the step's workspace, i.e. before part_o (words P and 8 + P of the CTA's
-// 16); KGEN_TRACE_START publishes where, for the points in callees.
+// TRACE_BYTES just before the step's workspace, i.e. before part_o (words P and POINTS + P of the
+// CTA's 2 x POINTS); KGEN_TRACE_START publishes where, for the points in callees.
 __device__ unsigned long long* kgen_trace_base;
 #define KGEN_TRACE_START(part_o) do { if (threadIdx.x == 0) \\
-    kgen_trace_base = reinterpret_cast<unsigned long long*>(part_o) - TRACE_CTAS * 16; KGEN_TRACE(0); } while (0)
+    kgen_trace_base = reinterpret_cast<unsigned long long*>(part_o) - TRACE_CTAS * 2 * POINTS; KGEN_TRACE(0); } while (0)
 #define KGEN_TRACE(P) do { if (threadIdx.x == 0 && kgen_trace_base) { /* none: split_schedule */ \\
-    unsigned long long* t_ = kgen_trace_base + blockIdx.x * 16; \\
+    unsigned long long* t_ = kgen_trace_base + blockIdx.x * 2 * POINTS; \\
     unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\
-    t_[P] = g_; t_[8 + (P)] = clock64(); } } while (0)
-constexpr int TRACE_CTAS = """ + str(TRACE_CTAS) + """;
+    t_[P] = g_; t_[POINTS + (P)] = clock64(); } } while (0)
+constexpr int TRACE_CTAS = """ + str(TRACE_CTAS) + """, POINTS = """ + str(POINTS) + """;
 """
 
 
@@ -106,8 +116,11 @@ def traced_headers(original=render.headers):
 
 PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item", 7, 1), ("Q to registers", 1, 4),
           ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2))
-SPARSE_PHASES = (("schedule", 0, 1), ("key list (scan, set, flush)", 1, 7), ("Q to registers", 7, 4),
-                 ("listed keys", 4, 5), ("tree", 5, 6), ("partial state", 6, 2))
+SPARSE_PHASES = (("schedule: sums, chunk", 0, 9), ("schedule: scan to the item", 9, 1),
+                 ("key list: set cleared", 1, 10), ("key list: entries scanned", 10, 11),
+                 ("key list: list written", 11, 12), ("key list: to its end", 12, 7), ("key list (all)", 1, 7),
+                 ("ring set up", 7, 8), ("Q to registers", 8, 4), ("listed keys", 4, 5), ("tree", 5, 6),
+                 ("partial state", 6, 2))
 
 
 def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
@@ -122,8 +135,8 @@ def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
     lines = [f"CTAs: {len(rows)} ({len(with_item)} with an item, {len(without)} without); kernel {kernel_us:.1f} us",
              f"start, us after the first CTA's: {spread([(r[0] - t0) / 1e3 for r in rows])}; of CTAs with an "
              f"item: {spread([(r[0] - t0) / 1e3 for r in with_item])}",
-             f"schedule (start -> item), cycles: {spread([r[9] - r[8] for r in with_item])}; CTAs without an "
-             f"item (start -> exit): {spread([r[11] - r[8] for r in without])}",
+             f"schedule (start -> item), cycles: {spread([r[POINTS + 1] - r[POINTS] for r in with_item])}; CTAs "
+             f"without an item (start -> exit): {spread([r[POINTS + 3] - r[POINTS] for r in without])}",
              f"attend (item -> attended), us: {spread([(r[2] - r[1]) / 1e3 for r in with_item])}"]
     for name, a, b in phases:  # the points a loop design does not have are 0
         values = [(r[b] - r[a]) / 1e3 for r in with_item if r[a] and r[b]]

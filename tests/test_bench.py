@@ -183,8 +183,8 @@ def test_warm_plans_what_the_gpu_tests_load():
 def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_checkout_alone(tmp_path, monkeypatch):
     """bench/cta_trace.py patches copies of the attention headers: its anchors must still be there,
     and the traced verify kernels must compile (NVRTC, sm_90) with their points' timer and clock reads:
-    5 in the seesaw loop (the sm_90 plan), 8 in the mma.sync loop (the sm_120 plan) and in the sparse
-    verify kernel of both plans (on the mma.sync loop)."""
+    5 in the seesaw loop (the sm_90 plan), 9 in the mma.sync loop (the sm_120 plan), 13 in the sparse
+    verify kernel of both plans (on the mma.sync loop, with the schedule's and the key list's)."""
     from bench import cta_trace
     from kgen import render, sass
     from kgen.build import build_variant
@@ -193,15 +193,15 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
 
     plain = render.headers()
     traced = cta_trace.traced_headers()()
-    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 11
+    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 16
     assert not any("KGEN_TRACE" in text for text in plain.values())
     assert render.headers() == plain  # the checkout's headers are untouched
     monkeypatch.setattr(render, "headers", cta_trace.traced_headers())
     spec = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_sm120.yaml")
     sparse = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_dsa_sm120.yaml")
-    for spec, kernel, arch, points in ((spec, "verify_attn", "sm_90", 5), (spec, "verify_attn", "sm_120", 8),
-                                       (sparse, "sparse_verify_attn", "sm_90", 8),
-                                       (sparse, "sparse_verify_attn", "sm_120", 8)):
+    for spec, kernel, arch, points in ((spec, "verify_attn", "sm_90", 5), (spec, "verify_attn", "sm_120", 9),
+                                       (sparse, "sparse_verify_attn", "sm_90", 13),
+                                       (sparse, "sparse_verify_attn", "sm_120", 13)):
         disasm = sass.dump(build_variant(plan(spec, arch).variant(kernel), "sm_90", KernelCache(tmp_path)).cubin)
         assert disasm.count("GLOBALTIMER") == points and disasm.count("SR_CLOCK") >= points, (kernel, arch)
 
@@ -210,11 +210,11 @@ def test_cta_trace_summary_reads_each_ctas_points():
     from bench.cta_trace import summary
 
     ns = 1000  # the global timer counts ns; clocks are cycles
-    z = [0] * 4  # points 4-7, which these rows do not have
+    z = [0] * 12  # points 4-15, which these rows do not have
     rows = [[100 * ns, 103 * ns, 110 * ns, 0, *z, 5000, 8000, 21000, 0, *z],   # an item: schedule 3000 cycles
             [101 * ns, 105 * ns, 112 * ns, 0, *z, 7000, 11000, 25000, 0, *z],  # an item: 4000 cycles, done at +12 us
             [102 * ns, 0, 0, 104 * ns, *z, 6000, 0, 0, 9500, *z],             # no item: exits after 3500 cycles
-            [0] * 16]                                                          # a slot no CTA wrote
+            [0] * 32]                                                          # a slot no CTA wrote
     lines = summary(torch.tensor(rows, dtype=torch.int64).flatten(), 15.0)
     assert lines[0] == "CTAs: 3 (2 with an item, 1 without); kernel 15.0 us"
     assert lines[1] == "start, us after the first CTA's: median 1.00, max 2.00; of CTAs with an item: median 0.50, max 1.00"
@@ -228,12 +228,20 @@ def test_cta_trace_summary_splits_the_sparse_verifys_phases():
     from bench.cta_trace import SPARSE_PHASES, summary
 
     us = 1000  # global timer ns per us
-    #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 listed keys, 6 tree, 7 list built; then the 8 clocks
-    row = [1 * us, 2 * us, 30 * us, 0, 14 * us, 24 * us, 26 * us, 12 * us] + [1] * 8
+    #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 listed keys, 6 tree, 7 list built, 8 ring set up,
+    #      9 schedule's sums, 10 set cleared, 11 entries scanned, 12 list written; then the 16 clocks
+    row = [1 * us, 2 * us, 30 * us, 0, 14 * us, 24 * us, 26 * us, 12 * us, 13 * us, 1500, 3 * us, 9 * us, 11 * us]
+    row = row + [0] * 3 + [1] * 16
     lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 31.0, SPARSE_PHASES)
-    assert lines[4:10] == ["  schedule, us: median 1.00, max 1.00",
-                           "  key list (scan, set, flush), us: median 10.00, max 10.00",
-                           "  Q to registers, us: median 2.00, max 2.00",
+    assert lines[4:16] == ["  schedule: sums, chunk, us: median 0.50, max 0.50",
+                           "  schedule: scan to the item, us: median 0.50, max 0.50",
+                           "  key list: set cleared, us: median 1.00, max 1.00",
+                           "  key list: entries scanned, us: median 6.00, max 6.00",
+                           "  key list: list written, us: median 2.00, max 2.00",
+                           "  key list: to its end, us: median 1.00, max 1.00",
+                           "  key list (all), us: median 10.00, max 10.00",
+                           "  ring set up, us: median 1.00, max 1.00",
+                           "  Q to registers, us: median 1.00, max 1.00",
                            "  listed keys, us: median 10.00, max 10.00",
                            "  tree, us: median 2.00, max 2.00",
                            "  partial state, us: median 4.00, max 4.00"]
@@ -243,8 +251,8 @@ def test_cta_trace_summary_splits_the_phases_of_the_mma_sync_loop():
     from bench.cta_trace import summary
 
     us = 1000  # global timer ns per us
-    #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 prefix, 6 tree, 7 chunk; then the 8 clocks
-    row = [1 * us, 4 * us, 20 * us, 0, 6 * us, 15 * us, 17 * us, 3 * us] + [1] * 8
+    #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 prefix, 6 tree, 7 chunk (8-15 none); then the 16 clocks
+    row = [1 * us, 4 * us, 20 * us, 0, 6 * us, 15 * us, 17 * us, 3 * us] + [0] * 8 + [1] * 16
     lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 25.0)
     assert lines[4:10] == ["  schedule: lengths, sums, chunk, us: median 2.00, max 2.00",
                            "  schedule: scan to the item, us: median 1.00, max 1.00",
