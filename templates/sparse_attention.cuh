@@ -467,8 +467,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     const KeyRange<ListRows<C::KV_ROW>, ListVisible<C>> keys{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
     const bool last_split = item.split == item.splits - 1;
     const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
-    const auto attend_from = [&](const auto& q_staged) {
-        attend<C>(smem, q_staged, r.rows, scale_log2, kv_scale, keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV,
+    const auto attend_from = [&](const auto& q_rows) {  // StagedQ where copy_item_q started Q's copies
+        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV,
                   part_lse + (long long)blockIdx.x * C::BM);
     };
     if constexpr (C::Q_APART) attend_from(StagedQ{});
