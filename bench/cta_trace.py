@@ -9,6 +9,10 @@ points into TRACE_BYTES that this tool places just before the step's workspace.
 
     python -m bench.cta_trace --shape 1,16,64            # B,T,L; --tiles seesaw:32,4,1 for a tiling
     python -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072 [--empty-lists]
+
+On the seesaw loop (the sm_90 plan's dense kernels) it also sums, per consumer, the cycles of each
+step of a tile pair that can wait on the other consumer or on the ring (issue 19's pair chain); the
+atomics that sum them add a little to each pair.
 """
 
 from __future__ import annotations
@@ -61,6 +65,29 @@ PATCHES = {
          "    const int listed = fits ? set.compact(list) : -1;\n    KGEN_TRACE(12);\n    return listed;\n"),
         ("    launch_dependents();\n}\n", "    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),
     ),
+    # The seesaw loop's pair (issue 19): per consumer, the cycles spent in each step of a pair that can
+    # wait on the other consumer or the ring, summed over the CTA's pairs (accumulators, not points).
+    "kgen/attention_seesaw.cuh": (
+        ("    ss_scores<C>(smem, st, d, pos, s);\n", "    KGEN_TRACE_WAIT(0, ss_scores<C>(smem, st, d, pos, s));\n"),
+        ("    named_barrier(C::MAX1_BAR, 256);  // consumer 1's m1 and beta\n",
+         "    KGEN_TRACE_WAIT(1, named_barrier(C::MAX1_BAR, 256));  // consumer 1's m1 and beta\n    KGEN_TRACE_COUNT(15);\n"),
+        ("    wgmma_wait<0>();  // O_lo += P_a V_a is done: O is free\n",
+         "    KGEN_TRACE_WAIT(2, wgmma_wait<0>());  // O_lo += P_a V_a is done: O is free\n"),
+        ("    ss_wait_full<C>(smem, pos + 1);\n    named_barrier(C::P1_BAR, 256);  // consumer 1's P_b\n",
+         "    KGEN_TRACE_WAIT(3, ss_wait_full<C>(smem, pos + 1));\n"
+         "    KGEN_TRACE_WAIT(4, named_barrier(C::P1_BAR, 256));  // consumer 1's P_b\n"),
+        ("    ss_issue_pv_shared<C>(st, d, pos + 1, d.p[1]);\n    wgmma_wait<0>();\n",
+         "    ss_issue_pv_shared<C>(st, d, pos + 1, d.p[1]);\n    KGEN_TRACE_WAIT(5, wgmma_wait<0>());\n"),
+        ("    ss_scores<C>(smem, st, d, pos + 1, s);\n", "    KGEN_TRACE_WAIT(8, ss_scores<C>(smem, st, d, pos + 1, s));\n"),
+        ("    named_barrier(C::MAX0_BAR, 256);  // consumer 0's m0 and alpha\n",
+         "    KGEN_TRACE_WAIT(9, named_barrier(C::MAX0_BAR, 256));  // consumer 0's m0 and alpha\n"),
+        ("    ss_wait_full<C>(smem, pos);\n    named_barrier(C::P0_BAR, 256);  // consumer 0's beta P_a\n",
+         "    KGEN_TRACE_WAIT(10, ss_wait_full<C>(smem, pos));\n"
+         "    KGEN_TRACE_WAIT(11, named_barrier(C::P0_BAR, 256));  // consumer 0's beta P_a\n"),
+        ("    wgmma_wait<1>();\n    wg_release(ring_empty<C>(smem, (pos + 1) % C::STAGES));\n    wgmma_wait<0>();\n",
+         "    KGEN_TRACE_WAIT(12, wgmma_wait<1>());\n    wg_release(ring_empty<C>(smem, (pos + 1) % C::STAGES));\n"
+         "    KGEN_TRACE_WAIT(12, wgmma_wait<0>());\n"),
+    ),
     "kgen/schedule.cuh": (
         ("    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n",
          "    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n    KGEN_TRACE(7);\n"),
@@ -79,20 +106,29 @@ PATCHES = {
     ),
 }
 POINTS = 16
+WAITS = 16  # the seesaw pair's accumulators (consumer 0: 0-7, consumer 1: 8-14, pairs: 15)
+STRIDE = 2 * POINTS + WAITS  # words a CTA
 TRACE_CTAS = 4096  # the most CTAs a traced call may have
-TRACE_BYTES = TRACE_CTAS * 2 * POINTS * 8
+TRACE_BYTES = TRACE_CTAS * STRIDE * 8
 MACRO = """
 // bench/cta_trace.py: thread 0 writes (global timer, clock) of trace point P of this CTA into the
 // TRACE_BYTES just before the step's workspace, i.e. before part_o (words P and POINTS + P of the
-// CTA's 2 x POINTS); KGEN_TRACE_START publishes where, for the points in callees.
+// CTA's STRIDE); KGEN_TRACE_START publishes where, for the points in callees. KGEN_TRACE_WAIT adds
+// the cycles its statement took to accumulator W (word 2 POINTS + W), from the first thread of each
+// warpgroup (a seesaw consumer's: the producer never runs them); KGEN_TRACE_COUNT counts in one.
 __device__ unsigned long long* kgen_trace_base;
 #define KGEN_TRACE_START(part_o) do { if (threadIdx.x == 0) \\
-    kgen_trace_base = reinterpret_cast<unsigned long long*>(part_o) - TRACE_CTAS * 2 * POINTS; KGEN_TRACE(0); } while (0)
+    kgen_trace_base = reinterpret_cast<unsigned long long*>(part_o) - TRACE_CTAS * STRIDE; KGEN_TRACE(0); } while (0)
 #define KGEN_TRACE(P) do { if (threadIdx.x == 0 && kgen_trace_base) { /* none: split_schedule */ \\
-    unsigned long long* t_ = kgen_trace_base + blockIdx.x * 2 * POINTS; \\
+    unsigned long long* t_ = kgen_trace_base + blockIdx.x * STRIDE; \\
     unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\
     t_[P] = g_; t_[POINTS + (P)] = clock64(); } } while (0)
-constexpr int TRACE_CTAS = """ + str(TRACE_CTAS) + """, POINTS = """ + str(POINTS) + """;
+#define KGEN_TRACE_WAIT(W, ...) do { const long long c0_ = clock64(); __VA_ARGS__; \\
+    if (threadIdx.x % 128 == 0 && kgen_trace_base) \\
+        atomicAdd(kgen_trace_base + blockIdx.x * STRIDE + 2 * POINTS + (W), (unsigned long long)(clock64() - c0_)); } while (0)
+#define KGEN_TRACE_COUNT(W) do { if (threadIdx.x % 128 == 0 && kgen_trace_base) \\
+    atomicAdd(kgen_trace_base + blockIdx.x * STRIDE + 2 * POINTS + (W), 1ull); } while (0)
+constexpr int TRACE_CTAS = """ + str(TRACE_CTAS) + """, POINTS = """ + str(POINTS) + """, STRIDE = """ + str(STRIDE) + """;
 """
 
 
@@ -114,6 +150,10 @@ def traced_headers(original=render.headers):
     return headers
 
 
+# The seesaw pair's steps each consumer's accumulators time (KGEN_TRACE_WAIT; "" = unused).
+PAIR_STEPS_0 = ("Q.K a (with its ring wait)", "MAX1 barrier", "O free (P.V a done)", "ring wait b", "P1 barrier",
+                "P.V b", "", "")
+PAIR_STEPS_1 = ("Q.K b (with its ring wait)", "MAX0 barrier", "ring wait a", "P0 barrier", "P.V waits", "", "", "")
 PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item", 7, 1), ("Q to registers", 1, 4),
           ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2))
 SPARSE_PHASES = (("schedule: sums, chunk", 0, 9), ("schedule: scan to the item", 9, 1),
@@ -125,7 +165,7 @@ SPARSE_PHASES = (("schedule: sums, chunk", 0, 9), ("schedule: scan to the item",
 
 def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
     """What the points say: the CTAs' start spread, and per phase the median and the longest."""
-    rows = [r for r in trace.view(-1, 2 * POINTS).cpu().tolist() if r[0]]
+    rows = [r for r in trace.view(-1, STRIDE).cpu().tolist() if r[0]]
     with_item, without = [r for r in rows if r[2]], [r for r in rows if r[3]]
     t0 = min(r[0] for r in rows)
 
@@ -143,6 +183,13 @@ def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
         if values:
             lines.append(f"  {name}, us: {spread(values)}")
     lines.append(f"last CTA done, us after the first start: {max((max(r[2], r[3]) - t0) / 1e3 for r in rows):.2f}")
+    waits = [r[2 * POINTS:] for r in with_item if r[2 * POINTS + 15]]  # CTAs that ran seesaw pairs
+    if waits:
+        lines.append(f"seesaw pairs a CTA: median {statistics.median(w[15] for w in waits):.0f}")
+        for consumer, steps in enumerate((PAIR_STEPS_0, PAIR_STEPS_1)):
+            cycles = [f"{step} {statistics.median(w[8 * consumer + i] / w[15] for w in waits):.0f}"
+                      for i, step in enumerate(steps) if step]
+            lines.append(f"  consumer {consumer}, cycles a pair (median over CTAs): " + ", ".join(cycles))
     return lines
 
 

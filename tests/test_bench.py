@@ -207,7 +207,7 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
 
 
 def test_cta_trace_summary_reads_each_ctas_points():
-    from bench.cta_trace import summary
+    from bench.cta_trace import STRIDE, summary
 
     ns = 1000  # the global timer counts ns; clocks are cycles
     z = [0] * 12  # points 4-15, which these rows do not have
@@ -215,6 +215,7 @@ def test_cta_trace_summary_reads_each_ctas_points():
             [101 * ns, 105 * ns, 112 * ns, 0, *z, 7000, 11000, 25000, 0, *z],  # an item: 4000 cycles, done at +12 us
             [102 * ns, 0, 0, 104 * ns, *z, 6000, 0, 0, 9500, *z],             # no item: exits after 3500 cycles
             [0] * 32]                                                          # a slot no CTA wrote
+    rows = [r + [0] * (STRIDE - 32) for r in rows]  # no seesaw accumulators
     lines = summary(torch.tensor(rows, dtype=torch.int64).flatten(), 15.0)
     assert lines[0] == "CTAs: 3 (2 with an item, 1 without); kernel 15.0 us"
     assert lines[1] == "start, us after the first CTA's: median 1.00, max 2.00; of CTAs with an item: median 0.50, max 1.00"
@@ -224,6 +225,25 @@ def test_cta_trace_summary_reads_each_ctas_points():
     assert lines[4] == "last CTA done, us after the first start: 12.00"
 
 
+def test_cta_trace_summary_reads_the_seesaw_pairs_accumulators():
+    from bench.cta_trace import POINTS, STRIDE, summary
+
+    us = 1000
+    row = [0] * STRIDE
+    row[0], row[1], row[2] = 1 * us, 2 * us, 30 * us  # start, item, attended
+    waits = row[2 * POINTS:]
+    waits[:6] = [3000, 400, 200, 100, 800, 600]  # consumer 0's, summed over 10 pairs
+    waits[8:13] = [3100, 900, 50, 300, 500]  # consumer 1's
+    waits[15] = 10
+    row[2 * POINTS:] = waits
+    lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 31.0)
+    assert lines[-3:] == ["seesaw pairs a CTA: median 10",
+                          "  consumer 0, cycles a pair (median over CTAs): Q.K a (with its ring wait) 300, MAX1 barrier "
+                          "40, O free (P.V a done) 20, ring wait b 10, P1 barrier 80, P.V b 60",
+                          "  consumer 1, cycles a pair (median over CTAs): Q.K b (with its ring wait) 310, MAX0 barrier "
+                          "90, ring wait a 5, P0 barrier 30, P.V waits 50"]
+
+
 def test_cta_trace_summary_splits_the_sparse_verifys_phases():
     from bench.cta_trace import SPARSE_PHASES, summary
 
@@ -231,7 +251,7 @@ def test_cta_trace_summary_splits_the_sparse_verifys_phases():
     #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 listed keys, 6 tree, 7 list built, 8 ring set up,
     #      9 schedule's sums, 10 set cleared, 11 entries scanned, 12 list written; then the 16 clocks
     row = [1 * us, 2 * us, 30 * us, 0, 14 * us, 24 * us, 26 * us, 12 * us, 13 * us, 1500, 3 * us, 9 * us, 11 * us]
-    row = row + [0] * 3 + [1] * 16
+    row = row + [0] * 3 + [1] * 16 + [0] * 16  # no seesaw accumulators
     lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 31.0, SPARSE_PHASES)
     assert lines[4:16] == ["  schedule: sums, chunk, us: median 0.50, max 0.50",
                            "  schedule: scan to the item, us: median 0.50, max 0.50",
@@ -252,7 +272,7 @@ def test_cta_trace_summary_splits_the_phases_of_the_mma_sync_loop():
 
     us = 1000  # global timer ns per us
     #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 prefix, 6 tree, 7 chunk (8-15 none); then the 16 clocks
-    row = [1 * us, 4 * us, 20 * us, 0, 6 * us, 15 * us, 17 * us, 3 * us] + [0] * 8 + [1] * 16
+    row = [1 * us, 4 * us, 20 * us, 0, 6 * us, 15 * us, 17 * us, 3 * us] + [0] * 8 + [1] * 16 + [0] * 16
     lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 25.0)
     assert lines[4:10] == ["  schedule: lengths, sums, chunk, us: median 2.00, max 2.00",
                            "  schedule: scan to the item, us: median 1.00, max 1.00",
