@@ -61,7 +61,7 @@ namespace kgen {
 // Layout: the CTA's shared memory (bytes), rendered by kgen/designs/mma_sync.py (the planner's
 // budget): the staged row strides KV_STRIDE / Q_STRIDE / P_STRIDE (bytes) and S_STRIDE
 // (floats), the KV ring (RING_BYTES; Q is staged through it once, at Q_OFF = 0, unless Q_OFF places
-// it apart, after the barriers: see stage_q), then S_OFF (partial scores
+// it apart, after the barriers: see copy_q), then S_OFF (partial scores
 // [DIM_GROUPS][BM][S_STRIDE]), P_OFF (probabilities [P_COPIES][BM][P_STRIDE]), ALPHA_OFF and INV_L_OFF (a
 // float per row, per copy), BAR_OFF (mbarriers full[STAGES], empty[STAGES], q), SMEM_BYTES, and SCRATCH_OFF:
 // the schedule's scratch (the partial scores are free until the first tile).

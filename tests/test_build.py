@@ -321,7 +321,6 @@ def test_ptxas_report_counts_the_spills_of_out_of_line_callees():
     assert parse_report(log, "k").spill_bytes == 0
 
 
-
 def test_nvrtc_reports_ptxas_usage_on_every_compile_of_a_source(monkeypatch):
     """NVRTC can serve a cubin from the driver's compute cache, without ptxas's report; torch may
     have started the driver with that cache on before kgen compiles, so kgen passes --no-cache.

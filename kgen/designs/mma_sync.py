@@ -54,9 +54,9 @@ class MmaSyncTiles:
 
     def layout(self, spec: Spec) -> dict[str, int]:
         """Shared memory of one attention CTA (bytes), as AttnConfig reads it: the KV ring (Q is
-        staged through it once, or after the barriers: q_apart), the partial scores of each dim group, the probabilities, each row's
-        rescale factor and final 1/l (DSA pool rows: one P and these per warp group), and the
-        mbarriers (full and empty per stage, one for Q)."""
+        staged through it once, or after the barriers: q_apart), the partial scores of each dim
+        group, the probabilities, each row's rescale factor and final 1/l (DSA pool rows: one P and
+        these per warp group), and the mbarriers (full and empty per stage, one for Q)."""
         elem, d = kvrows.elem_bytes(spec), spec.model.head_dim
         k_step = 32 // elem  # dims of one MMA k-step
         q_stride = d * 2 + ROW_PAD  # bf16 Q rows
