@@ -230,28 +230,37 @@ struct SlotSet {
         if (threadIdx.x < 2) count[threadIdx.x] = 0;
     }
 
-    // Add `bit` to slot's mask, inserting the slot if new, probing from h (mix32 of the slot); once
-    // size / 2 slots are in, new slots set the overflow flag instead (the round is redone with a
-    // larger set, or in halves).
-    __device__ __forceinline__ void insert(int slot, unsigned h, unsigned bit) const {
+    // Add `bit` to slot's mask, inserting the slot if new, probing from h (mix32 of the slot);
+    // returns whether the slot is new here. Once the overflow flag is up new slots are dropped (the
+    // round is redone with a larger set, or in halves); a probe that found no room sets it. The
+    // slots are counted per warp and step (count_new), not here: one shared counter every new slot
+    // added to serialized the inserts (bench/NOTES.md v55).
+    __device__ __forceinline__ bool insert(int slot, unsigned h, unsigned bit) const {
         unsigned p = (h * 0x9e3779b1u) >> (32 - bits);
         volatile int* vkeys = keys;
-        while (true) {
+        for (int probes = 0; probes < size; ++probes, p = (p + 1) & (size - 1)) {
             int k = vkeys[p];
+            bool added = false;
             if (k == -1) {
-                if (*(volatile int*)&count[1]) return;
+                if (*(volatile int*)&count[1]) return false;
                 k = atomicCAS(&keys[p], -1, slot);
-                if (k == -1) {
-                    if (atomicAdd(&count[0], 1) >= size / 2) count[1] = 1;
-                    k = slot;
-                }
+                added = k == -1;
+                if (added) k = slot;
             }
             if (k == slot) {
                 atomicOr(&masks[p], bit);
-                return;
+                return added;
             }
-            p = (p + 1) & (size - 1);
         }
+        count[1] = 1;  // the set is full
+        return false;
+    }
+
+    // A warp's new slots of a step (every lane passes its count); over size / 2 in all, the set
+    // overflows.
+    __device__ __forceinline__ void count_new(int added) const {
+        added = __reduce_add_sync(0xffffffffu, added);
+        if (threadIdx.x % 32 == 0 && added > 0 && atomicAdd(&count[0], added) + added > size / 2) count[1] = 1;
     }
 
     // Write the set's slots and masks to `list` (in table order); returns how many.
@@ -344,11 +353,13 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
             queued += __popc(takers);
         }
         __syncwarp();
+        int added = 0;
         for (int i = lane; i < queued; i += 32) {
             const int e = e0 - lane + (queue[i] / 32) * blockDim.x + queue[i] % 32;
             const int s = __ldg(lists + e);  // this warp's own load of it, still in L1
-            set.insert(s, mix32(static_cast<unsigned>(s)), 1u << (e / width));
+            added += set.insert(s, mix32(static_cast<unsigned>(s)), 1u << (e / width));
         }
+        set.count_new(added);
         __syncwarp();  // the queue is read before the next step writes it
     }
     range.report(a);
