@@ -87,6 +87,11 @@ PATCHES = {
         ("    wgmma_wait<1>();\n    wg_release(ring_empty<C>(smem, (pos + 1) % C::STAGES));\n    wgmma_wait<0>();\n",
          "    KGEN_TRACE_WAIT(12, wgmma_wait<1>());\n    wg_release(ring_empty<C>(smem, (pos + 1) % C::STAGES));\n"
          "    KGEN_TRACE_WAIT(12, wgmma_wait<0>());\n"),
+        # each consumer's whole pair, so the untraced steps (softmax, rescales, P packing) show too
+        ("            ss_first_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2);\n",
+         "            KGEN_TRACE_WAIT(6, ss_first_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2));\n"),
+        ("            ss_second_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2);\n",
+         "            KGEN_TRACE_WAIT(13, ss_second_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2));\n"),
     ),
     "kgen/schedule.cuh": (
         ("    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n",
@@ -152,8 +157,9 @@ def traced_headers(original=render.headers):
 
 # The seesaw pair's steps each consumer's accumulators time (KGEN_TRACE_WAIT; "" = unused).
 PAIR_STEPS_0 = ("Q.K a (with its ring wait)", "MAX1 barrier", "O free (P.V a done)", "ring wait b", "P1 barrier",
-                "P.V b", "", "")
-PAIR_STEPS_1 = ("Q.K b (with its ring wait)", "MAX0 barrier", "ring wait a", "P0 barrier", "P.V waits", "", "", "")
+                "P.V b", "whole pair", "")
+PAIR_STEPS_1 = ("Q.K b (with its ring wait)", "MAX0 barrier", "ring wait a", "P0 barrier", "P.V waits", "whole pair",
+                "", "")
 PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item", 7, 1), ("Q to registers", 1, 4),
           ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2))
 SPARSE_PHASES = (("schedule: sums, chunk", 0, 9), ("schedule: scan to the item", 9, 1),
@@ -183,6 +189,9 @@ def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
         if values:
             lines.append(f"  {name}, us: {spread(values)}")
     lines.append(f"last CTA done, us after the first start: {max((max(r[2], r[3]) - t0) / 1e3 for r in rows):.2f}")
+    ghz = [(r[POINTS + 2] - r[POINTS + 1]) / (r[2] - r[1]) for r in with_item if r[2] > r[1]]
+    if ghz:  # cycles per ns between a CTA's item and its end: what converts the cycle counts
+        lines.append(f"SM clock, GHz (clock64 over globaltimer, item -> attended): {spread(ghz)}")
     waits = [r[2 * POINTS:] for r in with_item if r[2 * POINTS + 15]]  # CTAs that ran seesaw pairs
     if waits:
         lines.append(f"seesaw pairs a CTA: median {statistics.median(w[15] for w in waits):.0f}")

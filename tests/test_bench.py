@@ -223,6 +223,8 @@ def test_cta_trace_summary_reads_each_ctas_points():
     assert lines[2].endswith("(start -> exit): median 3500.00, max 3500.00")
     assert lines[3] == "attend (item -> attended), us: median 7.00, max 7.00"
     assert lines[4] == "last CTA done, us after the first start: 12.00"
+    # clock64 over the global timer from item to attended: 13000 and 14000 cycles in 7 us
+    assert lines[5] == "SM clock, GHz (clock64 over globaltimer, item -> attended): median 1.93, max 2.00"
 
 
 def test_cta_trace_summary_reads_the_seesaw_pairs_accumulators():
@@ -232,16 +234,16 @@ def test_cta_trace_summary_reads_the_seesaw_pairs_accumulators():
     row = [0] * STRIDE
     row[0], row[1], row[2] = 1 * us, 2 * us, 30 * us  # start, item, attended
     waits = row[2 * POINTS:]
-    waits[:6] = [3000, 400, 200, 100, 800, 600]  # consumer 0's, summed over 10 pairs
-    waits[8:13] = [3100, 900, 50, 300, 500]  # consumer 1's
+    waits[:7] = [3000, 400, 200, 100, 800, 600, 52000]  # consumer 0's, summed over 10 pairs; the last the whole pairs
+    waits[8:14] = [3100, 900, 50, 300, 500, 51000]  # consumer 1's
     waits[15] = 10
     row[2 * POINTS:] = waits
     lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 31.0)
     assert lines[-3:] == ["seesaw pairs a CTA: median 10",
                           "  consumer 0, cycles a pair (median over CTAs): Q.K a (with its ring wait) 300, MAX1 barrier "
-                          "40, O free (P.V a done) 20, ring wait b 10, P1 barrier 80, P.V b 60",
+                          "40, O free (P.V a done) 20, ring wait b 10, P1 barrier 80, P.V b 60, whole pair 5200",
                           "  consumer 1, cycles a pair (median over CTAs): Q.K b (with its ring wait) 310, MAX0 barrier "
-                          "90, ring wait a 5, P0 barrier 30, P.V waits 50"]
+                          "90, ring wait a 5, P0 barrier 30, P.V waits 50, whole pair 5100"]
 
 
 def test_cta_trace_summary_splits_the_sparse_verifys_phases():

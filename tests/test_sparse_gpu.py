@@ -171,9 +171,39 @@ def test_the_custom_op_passes_opcheck_and_matches(sparse_module, cuda, seed):
     mod = sparse_module("glm5_dsa_sm120", None)
     x = make_sparse_inputs(mod.spec, [5, 2], [3000, 700], 512, holes=0.1, device=cuda,
                            generator=torch.Generator(cuda).manual_seed(seed))
-    torch.library.opcheck(torch.ops.kgen.sparse_verify_attention, (*x.args(), mod.spec.name))
+    # eager against compiled calls at the union's own call-to-call spread (its key order follows the
+    # race of its hash-set inserts: last bits of o and lse, bench/NOTES.md v58), not bf16's default
+    torch.library.opcheck(torch.ops.kgen.sparse_verify_attention, (*x.args(), mod.spec.name), atol=4e-3, rtol=1e-2)
     o, lse = torch.ops.kgen.sparse_verify_attention(*x.args(), mod.spec.name)
     assert_close_attention(o, lse, *x.ref(), what="torch.ops.kgen.sparse_verify_attention")
+
+
+@pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
+def test_repeated_calls_agree(sparse_module, cuda, seed, arch):
+    """The same inputs, called again: the gather kernel gives the same bits; the union's key order
+    follows the race of its hash-set inserts (bench/NOTES.md v58), so its calls may differ in the last
+    bits only, each within DESIGN §6 of the reference — never a lost or doubled key."""
+    mod = sparse_module("glm5_dsa_sm120", arch)
+    g = torch.Generator(cuda).manual_seed(seed)
+    for sizes, lens, width, shared in (([5, 2], [3000, 700], 512, 0.7), ([16, 16, 9], [40000, 9000, 20000], 2048, 0.5),
+                                       ([16] * 8, [20000] * 8, 2048, 0.0)):
+        x = make_sparse_inputs(mod.spec, sizes, lens, width, shared=shared, holes=0.1, device=cuda, generator=g)
+        o_ref, lse_ref = x.ref()
+        for union in (True, False):
+            step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=union)
+            calls = []
+            for _ in range(4):
+                out, lse = x.base.outputs()
+                step.verify(x.base.q, x.base.kv_cache, x.base.k_tree, **x.base.kv_kwargs, out=out, lse=lse)
+                what = f"T={sizes} L={lens} K'={width} shared={shared} union={union}, call {len(calls)}"
+                assert_close_attention(out, lse, o_ref, lse_ref, **tolerances(mod.spec), what=what)
+                calls.append((out, lse))
+            if not union:
+                assert all(torch.equal(o, calls[0][0]) and torch.equal(l, calls[0][1]) for o, l in calls), what
+            else:  # the last bits only: 4e-3 covers a bf16 rounding step at |o| <= 1 (the spread seen: 4.9e-4)
+                for o, l in calls[1:]:
+                    torch.testing.assert_close(o, calls[0][0], atol=4e-3, rtol=1e-2)
+                    torch.testing.assert_close(l, calls[0][1], atol=1e-5, rtol=1e-5)
 
 
 def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
