@@ -182,7 +182,7 @@ def test_the_custom_op_passes_opcheck_and_matches(sparse_module, cuda, seed):
 def test_repeated_calls_agree(sparse_module, cuda, seed, arch):
     """The same inputs, called again: the gather kernel gives the same bits; the union's key order
     follows the race of its hash-set inserts (bench/NOTES.md v58), so its calls may differ in the last
-    bits only, each within DESIGN §6 of the reference — never a lost or doubled key."""
+    bits only, each within DESIGN §6 of the reference."""
     mod = sparse_module("glm5_dsa_sm120", arch)
     g = torch.Generator(cuda).manual_seed(seed)
     for sizes, lens, width, shared in (([5, 2], [3000, 700], 512, 0.7), ([16, 16, 9], [40000, 9000, 20000], 2048, 0.5),
