@@ -135,10 +135,11 @@ struct AttnConfig : Layout {
     static_assert(!KV_SCALED || (KV_FP8 && DV_G == SCALE_BLOCK && DIM_GROUPS == 4 && ROPE > 0 && ROPE % 16 == 0),
                   "scaled rows: each warp group's value dims are one scale block (read as a float4 of scales)");
     static_assert(KV_STRIDE >= KV_ROW && Q_STRIDE >= Q_ROW && P_STRIDE >= BN * P_ELEM, "staged rows fit their strides");
+    static constexpr int BAR_END = BAR_OFF + (2 * STAGES + 1) * 8;  // mbarriers: full and empty per stage, q
     static_assert(STAGES * BN * KV_STRIDE <= RING_BYTES, "the stages fit the ring");
-    static_assert(Q_APART ? Layout::Q_OFF >= BAR_OFF + (2 * STAGES + 1) * 8 && Layout::Q_OFF + BM * Q_STRIDE <= Layout::SMEM_BYTES
+    static_assert(Q_APART ? Layout::Q_OFF >= BAR_END && Layout::Q_OFF + BM * Q_STRIDE <= Layout::SMEM_BYTES
                           : BM * Q_STRIDE <= RING_BYTES, "Q is staged through the KV ring, or after the barriers");
-    static_assert(Layout::SMEM_BYTES >= BAR_OFF + (2 * STAGES + 1) * 8, "the barriers fit the layout");
+    static_assert(Layout::SMEM_BYTES >= BAR_END, "the barriers fit the layout");
     static_assert(CONSUMERS % BM == 0 && BN % RED_THREADS == 0 && RED_COLS % 2 == 0, "softmax layout");
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
     static_assert(CLUSTER >= 1 && CLUSTER <= 8 && BN % CLUSTER == 0, "a cluster of at most 8 CTAs copies whole rows");
