@@ -110,6 +110,9 @@ struct AttnConfig : Layout {
     static constexpr int ROPE_STEPS = ROPE / ROPE_K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
+    // The online softmax's slack (rows.cuh): p <= 2^8 fits bf16 / f16 P, not e4m3's p * P_SCALE nor
+    // f16 P times the DSA rows' block scales.
+    static constexpr int MAX_SLACK = MMA_E4M3 || KV_SCALED ? 0 : 8;
     using Scaled = ScaledRow<D, DV>;  // a scaled row's layout (rows.cuh)
     static constexpr int SCALE_BLOCK = Scaled::SCALE_BLOCK, SCALE_OFF = Scaled::SCALE_OFF, ROPE_OFF = Scaled::ROPE_OFF;
     static constexpr int KV_ROW = KV_SCALED ? Scaled::BYTES : D * KV_ELEM;  // bytes per KV row
@@ -684,12 +687,12 @@ __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const
     }
     // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
     // and the reduction across the row's reducers is skipped.
-    if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
+    if (__any_sync(0xffffffffu, tile_max > st.row_max + C::MAX_SLACK)) {  // warp-uniform
 #pragma unroll
         for (int off = 1; off < C::RED_THREADS; off *= 2)
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
     }
-    const SoftmaxStep step = online_softmax_step(st.row_max, tile_max);
+    const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max, tile_max);
     float p[C::RED_COLS], tile_sum = 0.f;
 #pragma unroll
     for (int c = 0; c < C::RED_COLS; ++c) {

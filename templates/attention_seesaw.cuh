@@ -202,7 +202,7 @@ __device__ __forceinline__ void ss_first_tile(char* smem, WgConsumer<C>& st, con
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const SoftmaxStep step = online_softmax_step(st.row_max[h], wg_row_max(s, h) * scale_log2);
+        const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max[h], wg_row_max(s, h) * scale_log2);
         alpha[h] = step.alpha;
         st.row_sum[h] = st.row_sum[h] * alpha[h] + wg_exp_row(s, h, scale_log2, step.ref);
         if (w.t == 0) {
@@ -280,7 +280,7 @@ __device__ __forceinline__ void ss_second_pair(char* smem, WgConsumer<C>& st, co
     for (int h = 0; h < 2; ++h) {
         const int r = w.warp * 16 + w.g + 8 * h;
         st.row_max[h] = *row_value<C>(smem, C::M0, r);
-        const SoftmaxStep step = online_softmax_step(st.row_max[h], tile_max[h]);  // alpha of this step: beta
+        const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max[h], tile_max[h]);  // alpha of this step: beta
         factor[h] = *row_value<C>(smem, C::ALPHA, r) * step.alpha;
         st.row_sum[h] = st.row_sum[h] * factor[h] + wg_exp_row(s, h, scale_log2, step.ref);
         if (w.t == 0) {

@@ -252,7 +252,7 @@ __device__ __forceinline__ void wg_softmax(char* smem, WgConsumer<C>& st, int po
     wg_mask<C>(s, tile, num_keys, visible);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const SoftmaxStep step = online_softmax_step(st.row_max[h], wg_row_max(s, h) * scale_log2);
+        const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max[h], wg_row_max(s, h) * scale_log2);
         alpha[h] = step.alpha;
         st.row_sum[h] = st.row_sum[h] * alpha[h] + wg_exp_row(s, h, scale_log2, step.ref);
     }

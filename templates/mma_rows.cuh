@@ -155,12 +155,12 @@ __device__ __forceinline__ void softmax_rows(char* smem, State& st, int tile, in
     }
     // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
     // and the reduction across the row's reducers is skipped.
-    if (__any_sync(0xffffffffu, tile_max > st.row_max)) {  // warp-uniform
+    if (__any_sync(0xffffffffu, tile_max > st.row_max + C::MAX_SLACK)) {  // warp-uniform
 #pragma unroll
         for (int off = 1; off < C::RED_THREADS; off *= 2)
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
     }
-    const SoftmaxStep step = online_softmax_step(st.row_max, tile_max);
+    const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max, tile_max);
     float p[C::RED_COLS], tile_sum = 0.f;
 #pragma unroll
     for (int c = 0; c < C::RED_COLS; ++c) {

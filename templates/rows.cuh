@@ -153,11 +153,18 @@ __device__ __forceinline__ int ring_wait_full(char* smem, int pos) {
 
 // One tile of a row's online softmax (base 2): the running max takes in the tile's max logit;
 // alpha rescales what the row summed so far (its O and running sum), and the tile's logits are
-// exponentiated against ref (0 for a row that has seen nothing yet, so no -inf - -inf).
+// exponentiated against ref (0 for a row that has seen nothing yet, so no -inf - -inf). With SLACK
+// > 0 (FlashAttention-4's conditional rescale) row_max is a reference that moves only when a tile's
+// max passes it by more than SLACK: most tiles of a long row then keep alpha = 1, and the loops skip
+// O's rescale (warp-uniform); probabilities reach 2^SLACK, which a loop allows only where its P
+// holds them (bf16 / f16 P; not e4m3 P scaled by P_SCALE, nor f16 P times block scales). The lse
+// (ref + log2 l) is exact either way (bench/NOTES.md v59).
 struct SoftmaxStep {
     float alpha, ref;
 };
+template <int SLACK = 0>
 __device__ __forceinline__ SoftmaxStep online_softmax_step(float& row_max, float tile_max) {
+    if (SLACK > 0 && !(tile_max > row_max + SLACK)) return {1.f, row_max == neg_inf() ? 0.f : row_max};
     const float new_max = fmaxf(row_max, tile_max);
     const float ref = new_max == neg_inf() ? 0.f : new_max;
     const float alpha = exp2_fast(row_max - ref);

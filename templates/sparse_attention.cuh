@@ -204,7 +204,7 @@ template <int TABLE>
 struct SlotSet {
     static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
-    static constexpr int LOADS = 16;           // list entries a thread scans at a time
+    static constexpr int LOADS = 32;           // list entries a thread scans at a time
     static constexpr int QUEUE_PER_WARP = 32 * LOADS;  // entries (u16) of a warp's insertion queue
     static constexpr int BYTES = TABLE * 8 + 34 * 4;  // without the queues
     static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
