@@ -63,7 +63,7 @@ PATCHES = {
         ("    range.report(a);\n    __syncthreads();\n", "    range.report(a);\n    KGEN_TRACE(11);\n    __syncthreads();\n"),
         ("    return fits ? set.compact(list) : -1;\n",
          "    const int listed = fits ? set.compact(list) : -1;\n    KGEN_TRACE(12);\n    return listed;\n"),
-        ("    launch_dependents();\n}\n", "    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),
+        ("    launch_dependents();\n}\n", "    KGEN_TRACE_AT(2, 128);  // a compute thread's end (in either loop)\n    launch_dependents();\n}\n"),
     ),
     # The seesaw loop's pair (issue 19): per consumer, the cycles spent in each step of a pair that can
     # wait on the other consumer or the ring, summed over the CTA's pairs (accumulators, not points).
@@ -92,6 +92,17 @@ PATCHES = {
          "            KGEN_TRACE_WAIT(6, ss_first_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2));\n"),
         ("            ss_second_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2);\n",
          "            KGEN_TRACE_WAIT(13, ss_second_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2));\n"),
+        # consumer 0's timeline (its first thread, 128): Q staged, the first range, the second (the
+        # sparse kernels' end point is its too); and the ring set up (thread 0, a producer's)
+        ("                [](int slab) { return 64 * slab; });\n",
+         "                [](int slab) { return 64 * slab; });\n    KGEN_TRACE_AT(4, 128);\n"),
+        ("    ss_consume<C, ROLE>(smem, st, ring_pos, first.num_keys, first.visible, first.tile_begin, first.tile_end, scale_log2);\n",
+         "    ss_consume<C, ROLE>(smem, st, ring_pos, first.num_keys, first.visible, first.tile_begin, first.tile_end, scale_log2);\n"
+         "    KGEN_TRACE_AT(5, 128);\n"),
+        ("    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);\n",
+         "    KGEN_TRACE_AT(6, 128);\n    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);\n"),
+        ("    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);\n",
+         "    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);\n    KGEN_TRACE(8);\n"),
     ),
     "kgen/schedule.cuh": (
         ("    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n",
@@ -116,7 +127,7 @@ STRIDE = 2 * POINTS + WAITS  # words a CTA
 TRACE_CTAS = 4096  # the most CTAs a traced call may have
 TRACE_BYTES = TRACE_CTAS * STRIDE * 8
 MACRO = """
-// bench/cta_trace.py: thread 0 writes (global timer, clock) of trace point P of this CTA into the
+// bench/cta_trace.py: thread 0 (KGEN_TRACE_AT: thread T) writes (global timer, clock) of trace point P of this CTA into the
 // TRACE_BYTES just before the step's workspace, i.e. before part_o (words P and POINTS + P of the
 // CTA's STRIDE); KGEN_TRACE_START publishes where, for the points in callees. KGEN_TRACE_WAIT adds
 // the cycles its statement took to accumulator W (word 2 POINTS + W), from the first thread of each
@@ -124,7 +135,8 @@ MACRO = """
 __device__ unsigned long long* kgen_trace_base;
 #define KGEN_TRACE_START(part_o) do { if (threadIdx.x == 0) \\
     kgen_trace_base = reinterpret_cast<unsigned long long*>(part_o) - TRACE_CTAS * STRIDE; KGEN_TRACE(0); } while (0)
-#define KGEN_TRACE(P) do { if (threadIdx.x == 0 && kgen_trace_base) { /* none: split_schedule */ \\
+#define KGEN_TRACE(P) KGEN_TRACE_AT(P, 0)
+#define KGEN_TRACE_AT(P, T) do { if (threadIdx.x == (T) && kgen_trace_base) { /* none: split_schedule */ \\
     unsigned long long* t_ = kgen_trace_base + blockIdx.x * STRIDE; \\
     unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\
     t_[P] = g_; t_[POINTS + (P)] = clock64(); } } while (0)
