@@ -34,8 +34,9 @@ HEADER = "kgen/attention_kernels.cuh"
 # (the tree) done, 7 the dense schedule's chunk chosen or the sparse key list built; in the mma.sync
 # loop 8 its barriers set up (Q's wait next); in the sparse kernels 9 the schedule's sums done, and
 # per union round (the last round's stay) 10 the set cleared, 11 the entries scanned, 12 the list
-# written. 4-6 and 8 only in the mma.sync loop (attention.cuh), where thread 0 is a compute thread;
-# the wgmma loops' thread 0 is a producer's.
+# written. 4-6 and 8 in the mma.sync loop (attention.cuh), where thread 0 is a compute thread, and in
+# the seesaw loop, where 4-6 are consumer 0's (thread 128: thread 0 is a producer's), 8 the ring set up,
+# 13 consumer 0's partial state written and 14 its end of the dense kernels.
 PATCHES = {
     HEADER: (
         ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));\n"
@@ -47,7 +48,7 @@ PATCHES = {
          "    const ItemRows r = item_rows<C>(schedule, item);\n    const int page0"),
         ("        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
          "        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
-         "    }\n    KGEN_TRACE(2);\n}\n"),
+         "    }\n    KGEN_TRACE(2);\n    KGEN_TRACE_AT(14, 128);\n}\n"),
     ),
     "kgen/sparse_attention.cuh": (
         ("    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));\n"
@@ -100,7 +101,8 @@ PATCHES = {
          "    ss_consume<C, ROLE>(smem, st, ring_pos, first.num_keys, first.visible, first.tile_begin, first.tile_end, scale_log2);\n"
          "    KGEN_TRACE_AT(5, 128);\n"),
         ("    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);\n",
-         "    KGEN_TRACE_AT(6, 128);\n    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);\n"),
+         "    KGEN_TRACE_AT(6, 128);\n    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);\n"
+         "    KGEN_TRACE_AT(13, 128);\n"),
         ("    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);\n",
          "    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);\n    KGEN_TRACE(8);\n"),
     ),
@@ -173,7 +175,9 @@ PAIR_STEPS_0 = ("Q.K a (with its ring wait)", "MAX1 barrier", "O free (P.V a don
 PAIR_STEPS_1 = ("Q.K b (with its ring wait)", "MAX0 barrier", "ring wait a", "P0 barrier", "P.V waits", "whole pair",
                 "", "")
 PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item", 7, 1), ("Q to registers", 1, 4),
-          ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2))
+          ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2),
+          ("seesaw consumer 0: partial state (ss_end)", 6, 13), ("seesaw consumer 0: to its kernel's end", 13, 14),
+          ("seesaw: consumer 0's end to the producer's (thread 0)", 14, 2))
 SPARSE_PHASES = (("schedule: sums, chunk", 0, 9), ("schedule: scan to the item", 9, 1),
                  ("key list: set cleared", 1, 10), ("key list: entries scanned", 10, 11),
                  ("key list: list written", 11, 12), ("key list: to its end", 12, 7), ("key list (all)", 1, 7),
