@@ -103,6 +103,10 @@ PATCHES = {
         ("    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);\n",
          "    KGEN_TRACE_AT(6, 128);\n    ss_end<C, ROLE>(smem, st, part_o, part_lse, PER_TENSOR ? kv_scale : 1.f);\n"
          "    KGEN_TRACE_AT(13, 128);\n"),
+        # the epilogue's row-sum exchange: each consumer's wait for the other (accumulators 7 and 14)
+        ("        named_barrier(C::EXCHANGE_BAR, 256);\n        return sum + *row_value<C>(smem, C::SUM1 - ROLE, r);\n",
+         "        KGEN_TRACE_WAIT(7 * ROLE + 7, named_barrier(C::EXCHANGE_BAR, 256));\n"
+         "        return sum + *row_value<C>(smem, C::SUM1 - ROLE, r);\n"),
         ("    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);\n",
          "    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);\n    KGEN_TRACE(8);\n"),
     ),
@@ -215,6 +219,8 @@ def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
             cycles = [f"{step} {statistics.median(w[8 * consumer + i] / w[15] for w in waits):.0f}"
                       for i, step in enumerate(steps) if step]
             lines.append(f"  consumer {consumer}, cycles a pair (median over CTAs): " + ", ".join(cycles))
+        lines.append("  epilogue's row-sum exchange, cycles (median over CTAs), consumer 0 / 1: "
+                     f"{statistics.median(w[7] for w in waits):.0f} / {statistics.median(w[14] for w in waits):.0f}")
     return lines
 
 

@@ -238,10 +238,12 @@ def test_cta_trace_summary_reads_the_seesaw_pairs_accumulators():
     waits = row[2 * POINTS:]
     waits[:7] = [3000, 400, 200, 100, 800, 600, 52000]  # consumer 0's, summed over 10 pairs; the last the whole pairs
     waits[8:14] = [3100, 900, 50, 300, 500, 51000]  # consumer 1's
+    waits[7], waits[14] = 1500, 40  # the epilogue's exchange: once a CTA, not a pair
     waits[15] = 10
     row[2 * POINTS:] = waits
     lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 31.0)
-    assert lines[-3:] == ["seesaw pairs a CTA: median 10",
+    assert lines[-1] == "  epilogue's row-sum exchange, cycles (median over CTAs), consumer 0 / 1: 1500 / 40"
+    assert lines[-4:-1] == ["seesaw pairs a CTA: median 10",
                           "  consumer 0, cycles a pair (median over CTAs): Q.K a (with its ring wait) 300, MAX1 barrier "
                           "40, O free (P.V a done) 20, ring wait b 10, P1 barrier 80, P.V b 60, whole pair 5200",
                           "  consumer 1, cycles a pair (median over CTAs): Q.K b (with its ring wait) 310, MAX0 barrier "
