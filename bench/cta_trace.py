@@ -35,8 +35,8 @@ HEADER = "kgen/attention_kernels.cuh"
 # loop 8 its barriers set up (Q's wait next); in the sparse kernels 9 the schedule's sums done, and
 # per union round (the last round's stay) 10 the set cleared, 11 the entries scanned, 12 the list
 # written. 4-6 and 8 in the mma.sync loop (attention.cuh), where thread 0 is a compute thread, and in
-# the seesaw loop, where 4-6 are consumer 0's (thread 128: thread 0 is a producer's), 8 the ring set up,
-# 13 consumer 0's partial state written and 14 its end of the dense kernels.
+# the seesaw loop, where 4-6 are consumer 0's (thread 128: thread 0 is a producer's), 8 the ring set up
+# and 13 consumer 0's partial state written. Point 2 follows a barrier: the CTA's last thread is done.
 PATCHES = {
     HEADER: (
         ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));\n"
@@ -48,7 +48,7 @@ PATCHES = {
          "    const ItemRows r = item_rows<C>(schedule, item);\n    const int page0"),
         ("        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n    }\n}\n",
          "        attend<C>(smem, q_rows, r.attended(), scale_log2, kv_scale, prefix, [] { return NoKeys{}; }, o, lse);\n"
-         "    }\n    KGEN_TRACE(2);\n    KGEN_TRACE_AT(14, 128);\n}\n"),
+         "    }\n    __syncthreads();\n    KGEN_TRACE(2);\n}\n"),
     ),
     "kgen/sparse_attention.cuh": (
         ("    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));\n"
@@ -64,7 +64,7 @@ PATCHES = {
         ("    range.report(a);\n    __syncthreads();\n", "    range.report(a);\n    KGEN_TRACE(11);\n    __syncthreads();\n"),
         ("    return fits ? set.compact(list) : -1;\n",
          "    const int listed = fits ? set.compact(list) : -1;\n    KGEN_TRACE(12);\n    return listed;\n"),
-        ("    launch_dependents();\n}\n", "    KGEN_TRACE_AT(2, 128);  // a compute thread's end (in either loop)\n    launch_dependents();\n}\n"),
+        ("    launch_dependents();\n}\n", "    __syncthreads();\n    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),
     ),
     # The seesaw loop's pair (issue 19): per consumer, the cycles spent in each step of a pair that can
     # wait on the other consumer or the ring, summed over the CTA's pairs (accumulators, not points).
@@ -93,8 +93,8 @@ PATCHES = {
          "            KGEN_TRACE_WAIT(6, ss_first_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2));\n"),
         ("            ss_second_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2);\n",
          "            KGEN_TRACE_WAIT(13, ss_second_pair<C>(smem, st, d, pos0 + tile, tile, num_keys, visible, scale_log2));\n"),
-        # consumer 0's timeline (its first thread, 128): Q staged, the first range, the second (the
-        # sparse kernels' end point is its too); and the ring set up (thread 0, a producer's)
+        # consumer 0's timeline (its first thread, 128): Q staged, the first range, the second, its
+        # partial state written; and the ring set up (thread 0, a producer's)
         ("                [](int slab) { return 64 * slab; });\n",
          "                [](int slab) { return 64 * slab; });\n    KGEN_TRACE_AT(4, 128);\n"),
         ("    ss_consume<C, ROLE>(smem, st, ring_pos, first.num_keys, first.visible, first.tile_begin, first.tile_end, scale_log2);\n",
@@ -180,8 +180,7 @@ PAIR_STEPS_1 = ("Q.K b (with its ring wait)", "MAX0 barrier", "ring wait a", "P0
                 "", "")
 PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item", 7, 1), ("Q to registers", 1, 4),
           ("first range (prefix)", 4, 5), ("second range (tree)", 5, 6), ("partial state", 6, 2),
-          ("seesaw consumer 0: partial state (ss_end)", 6, 13), ("seesaw consumer 0: to its kernel's end", 13, 14),
-          ("seesaw: consumer 0's end to the producer's (thread 0)", 14, 2))
+          ("seesaw consumer 0: its partial state (ss_end)", 6, 13))
 SPARSE_PHASES = (("schedule: sums, chunk", 0, 9), ("schedule: scan to the item", 9, 1),
                  ("key list: set cleared", 1, 10), ("key list: entries scanned", 10, 11),
                  ("key list: list written", 11, 12), ("key list: to its end", 12, 7), ("key list (all)", 1, 7),

@@ -193,15 +193,15 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
 
     plain = render.headers()
     traced = cta_trace.traced_headers()()
-    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 16
-    assert sum(traced[name].count("KGEN_TRACE_AT(") for name in cta_trace.PATCHES) == 6
+    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 17
+    assert sum(traced[name].count("KGEN_TRACE_AT(") for name in cta_trace.PATCHES) == 4
     assert not any("KGEN_TRACE" in text for text in plain.values())
     assert render.headers() == plain  # the checkout's headers are untouched
     monkeypatch.setattr(render, "headers", cta_trace.traced_headers())
     spec = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_sm120.yaml")
     sparse = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_dsa_sm120.yaml")
     # (the seesaw loop's: its consumer points once per consumer role, and the ring's set-up)
-    for spec, kernel, arch, points in ((spec, "verify_attn", "sm_90", 15), (spec, "verify_attn", "sm_120", 10),
+    for spec, kernel, arch, points in ((spec, "verify_attn", "sm_90", 14), (spec, "verify_attn", "sm_120", 9),
                                        (sparse, "sparse_verify_attn", "sm_90", 13),
                                        (sparse, "sparse_verify_attn", "sm_120", 13)):
         disasm = sass.dump(build_variant(plan(spec, arch).variant(kernel), "sm_90", KernelCache(tmp_path)).cubin)
