@@ -18,7 +18,8 @@ from ..spec import Spec
 from .base import Design, TileBox, TileWork, check
 from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows, deepest_ring, ring_config, ring_tile_box, wgmma_tile_work
 
-Q_REG_STEPS = 4  # Q·K's last k16 steps (the rope) read Q from registers; the rest from shared memory
+Q_REG_STEPS = 8  # Q·K's last k16 steps (the rope, and the latent's last 64 dims) read Q from registers
+Q_REG_STEPS_SCALED = 4  # the DSA rows': the rope (their Q·K's latent steps are the 4 scale blocks)
 ROW_VALUES = 6  # per-row fp32 values the consumers pass: m0, alpha, m1, beta, two row sums
 
 
@@ -46,13 +47,14 @@ class SeesawTiles:
               f"value width 512, 64 rope dims, BN=32 and at least 2 stages")
         slab, tile = self.bn * SLAB_ROW, BM * SLAB_ROW
         stage_bytes = (m.head_dim // 64) * slab
-        q_slabs = (m.head_dim // 16 - Q_REG_STEPS) // 4
+        q_reg_steps = Q_REG_STEPS_SCALED if spec.cache.per_block else Q_REG_STEPS
+        q_slabs = (m.head_dim // 16 - q_reg_steps) // 4
         q_off = self.stages * stage_bytes
         p_off = q_off + q_slabs * tile
         row_off = p_off + 2 * tile
         bar_off = row_off + ROW_VALUES * BM * 4
         end = bar_off + 2 * self.stages * 8
-        layout = {"Q_REG_STEPS": Q_REG_STEPS, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
+        layout = {"Q_REG_STEPS": q_reg_steps, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                   "Q_SMEM_OFF": q_off, "Q_SLAB": tile, "P_OFF": p_off, "P_TILE": tile, "ROW_OFF": row_off,
                   "BAR_OFF": bar_off}
         end = converted_rows(spec, self.bn, self.stages, layout, end)
@@ -100,7 +102,7 @@ class Seesaw(Design):
         one warpgroup (two consumers, a pair each). Its wgmmas read K (all D dims), Q's shared-memory
         dims, V and the other consumer's probability tile from shared memory themselves."""
         m, bn = spec.model, tiles.bn
-        q_smem_steps = m.head_dim // 16 - Q_REG_STEPS
+        q_smem_steps = m.head_dim // 16 - tiles.layout(spec)["Q_REG_STEPS"]
         operands = m.head_dim // 16 * bn * 32 + q_smem_steps * BM * 32 + m.value_dim * bn * 2 + BM * bn * 2
         return wgmma_tile_work(spec, bn, loop, 4, 1, operands)
 
