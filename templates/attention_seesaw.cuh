@@ -29,7 +29,8 @@
 //   run; P·V takes P times each value block's scale (rounded once to bf16), so each probability tile
 //   a consumer shares holds the other's two value blocks' P, one in each half of its 128-byte rows.
 // - Q: k-steps 0 .. Q_SMEM_STEPS - 1 from a swizzled copy in shared memory (both consumers read it),
-//   the last Q_REG_STEPS (the rope) from each thread's registers.
+//   the last Q_REG_STEPS from each thread's registers: the rope, and over bf16 and per-tensor rows the
+//   latent's last 64 dims too (an eighth fewer shared-memory bytes a Q·K: bench/NOTES.md v64).
 // - Shared memory beyond the ring and Q: the two consumers' probability tiles (P_OFF: [c][BM rows of
 //   128 B], BN keys a row, the layout of an A operand) and per-row values at ROW_OFF ([6][BM] fp32:
 //   m0, alpha, m1, beta, then each consumer's row sums at the end).

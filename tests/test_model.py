@@ -86,13 +86,13 @@ def test_the_wgmma_loop_counts_warpgroup_mmas_and_their_shared_operands():
 def test_the_seesaw_loop_counts_one_consumers_pair_loop_as_a_tile():
     """The SASS tile loop is one consumer's pair: Q·K of its tile over all 576 dims (36 m64n32k16) and
     P·V of both tiles over its 256 value dims (4 m64n256k16): once per tile, the tile's 2*64*32*1088
-    FLOPs; its wgmmas read K (36 KB), Q's shared-memory dims (64 KB), V (32 KB) and the other
-    consumer's probability tile (4 KB) themselves."""
+    FLOPs; its wgmmas read K (36 KB), Q's shared-memory dims (56 KB: the last 8 of Q's 36 k-steps are in
+    registers), V (32 KB) and the other consumer's probability tile (4 KB) themselves."""
     from kgen.designs import SeesawTiles
 
     work = model.tile_work(plan(spec("glm5_sm120"), "sm_90", SeesawTiles(stages=4)), get_arch("sm_90"))
     assert work.mma_flops == {"wgmma_bf16": 2 * 64 * 32 * 1088} and work.keys == 32
-    lsu = work.smem_wavefronts - work.kv_bytes / 128 - (36 + 64 + 32 + 4) * 1024 / 128
+    lsu = work.smem_wavefronts - work.kv_bytes / 128 - (36 + 56 + 32 + 4) * 1024 / 128
     assert 0 < lsu < 400  # the probabilities and per-row values passed through sts/lds
     wgmma = model.tile_work(plan(spec("glm5_sm120"), "sm_90", WgmmaTiles(stages=4)), get_arch("sm_90"))
     assert work.issue < wgmma.issue  # one warpgroup's instructions a tile, not two
