@@ -36,11 +36,14 @@ class BuiltKernel:
         return occupancy(self.arch, self.variant.threads, self.report.registers, self.smem_bytes)
 
     def problems(self) -> list[str]:
-        """Where the cubin falls short of its plan: spills, local memory, occupancy below the plan's
-        min_blocks, and instruction classes its design needs (variant.sass_expect) missing."""
+        """Where the cubin falls short of its plan: spills, warpgroup MMAs ptxas serialized, local
+        memory, occupancy below the plan's min_blocks, and instruction classes its design needs
+        (variant.sass_expect) missing."""
         out = []
         if self.report.spill_bytes:
             out.append(f"{self.report.spill_bytes} bytes of register spills")
+        if self.report.wgmma_serialized:
+            out.append(f"ptxas serializes its warpgroup MMAs ({self.report.wgmma_serialized})")
         occ = self.occupancy
         if occ.ctas_per_sm < self.variant.min_blocks:
             out.append(f"{occ.ctas_per_sm} CTAs/SM (limited by {occ.limit}) < the plan's {self.variant.min_blocks}")
@@ -114,7 +117,8 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool
     m = entry.meta
     report = nvrtc.ResourceReport(registers=m["registers"], spill_stores=m["spill_stores"],
                                   spill_loads=m["spill_loads"], stack_bytes=m["stack_bytes"],
-                                  static_smem=m["static_smem"])
+                                  static_smem=m["static_smem"],
+                                  wgmma_serialized=nvrtc.wgmma_serialized(m.get("log", ""), variant.variant_id))
     counts = sass_counts(cache, entry) if inspect else None
     return BuiltKernel(variant, arch, entry.cubin, report, status, time.perf_counter() - start, counts, key)
 

@@ -21,6 +21,9 @@ class ResourceReport:
     spill_loads: int
     stack_bytes: int
     static_smem: int
+    # ptxas's advisory that it serialized the function's warpgroup MMAs (each waits for the last: an
+    # sm_90 loop's overlap gone), and why; "" when it did not
+    wgmma_serialized: str = ""
 
     @property
     def spill_bytes(self) -> int:
@@ -81,6 +84,7 @@ def options(arch: str) -> list[str]:
 _REGS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized due to (.+?) (?:in|for) the function '([^']+)'")
 
 
 def parse_report(log: str, symbol: str) -> ResourceReport:
@@ -101,7 +105,14 @@ def parse_report(log: str, symbol: str) -> ResourceReport:
         spill_stores=sum(s[1] for s in spills),
         spill_loads=sum(s[2] for s in spills),
         static_smem=int(smem.group(1)) if smem else 0,
+        wgmma_serialized=wgmma_serialized(log, symbol),
     )
+
+
+def wgmma_serialized(log: str, symbol: str) -> str:
+    """Why ptxas serialized `symbol`'s warpgroup MMAs (its advisory lines come before the function's
+    report, so the whole log is searched), or "" when it did not."""
+    return "; ".join(m.group(1) for m in _SERIALIZED.finditer(log) if m.group(2) == symbol)
 
 
 def _compile(source: str, headers: dict[str, str], arch: str, filename: str,

@@ -154,6 +154,7 @@ def test_the_sm90_plan_is_its_own_and_compiles_for_sm90a(path, cache):
     fp8 = spec.cache.kv_dtype != "bfloat16"
     for name, b in built.items():
         assert b.cubin[:4] == b"\x7fELF" and b.smem_bytes <= 227 * 1024, name
+        assert not b.report.wgmma_serialized, (name, b.report.wgmma_serialized)  # else no MMA overlaps another
         if wgmma and fp8 and name in ATTENTION_KERNELS:
             limit = SM90_FP8_SPILL_BYTES
         elif wgmma and name in ("verify_attn", "tree_attn"):
@@ -302,6 +303,21 @@ def test_ptxas_report_parsing():
     r = parse_report(log, "k")
     assert (r.registers, r.spill_stores, r.spill_loads, r.stack_bytes, r.static_smem) == (168, 4, 12, 8, 136)
     assert r.spill_bytes == 16
+
+
+def test_ptxas_report_names_warpgroup_mmas_it_serialized():
+    """ptxas's advisory (NVRTC 13's words, from v62's first build: bench/NOTES.md) comes before the
+    function's report and names it; only that function's report carries it."""
+    advisory = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                "due to non wgmma instructions defining accumulator registers of a wgmma between start and end of "
+                "the pipeline stage in the function 'k' in line 7005\n")
+    entry = ("ptxas info    : Compiling entry function '{0}' for 'sm_90a'\nptxas info    : Function properties for {0}\n"
+             "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+             "ptxas info    : Used 168 registers, used 6 barriers\n")
+    log = advisory + entry.format("k") + entry.format("j")
+    assert parse_report(log, "k").wgmma_serialized == (
+        "non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage")
+    assert parse_report(log, "j").wgmma_serialized == ""
 
 
 def test_ptxas_report_counts_the_spills_of_out_of_line_callees():
