@@ -133,9 +133,10 @@ STRIDE = 2 * POINTS + WAITS  # words a CTA
 TRACE_CTAS = 4096  # the most CTAs a traced call may have
 TRACE_BYTES = TRACE_CTAS * STRIDE * 8
 MACRO = """
-// bench/cta_trace.py: thread 0 (KGEN_TRACE_AT: thread T) writes (global timer, clock) of trace point P of this CTA into the
-// TRACE_BYTES just before the step's workspace, i.e. before part_o (words P and POINTS + P of the
-// CTA's STRIDE); KGEN_TRACE_START publishes where, for the points in callees. KGEN_TRACE_WAIT adds
+// bench/cta_trace.py: thread 0 (KGEN_TRACE_AT: thread T) writes (global timer, clock) of trace
+// point P of this CTA into the TRACE_BYTES just before the step's workspace, i.e. before part_o
+// (words P and POINTS + P of the CTA's STRIDE); KGEN_TRACE_START publishes where, for the points in
+// callees. KGEN_TRACE_WAIT adds
 // the cycles its statement took to accumulator W (word 2 POINTS + W), from the first thread of each
 // warpgroup (a seesaw consumer's: the producer never runs them); KGEN_TRACE_COUNT counts in one.
 __device__ unsigned long long* kgen_trace_base;

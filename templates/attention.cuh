@@ -110,9 +110,9 @@ struct AttnConfig : Layout {
     static constexpr int ROPE_STEPS = ROPE / ROPE_K_STEP;
     static constexpr int K_STEPS = VALUE_STEPS + (ROPE_STEPS + DIM_GROUPS - 1) / DIM_GROUPS;  // most per group
     static constexpr float P_SCALE = MMA_E4M3 ? 256.f : 1.f;  // p <= 1 is stored as p * P_SCALE
-    // The online softmax's slack (rows.cuh): p <= 2^8 fits bf16 / f16 P, not e4m3's p * P_SCALE nor
-    // f16 P times the DSA rows' block scales.
-    static constexpr int MAX_SLACK = MMA_E4M3 || KV_SCALED ? 0 : 8;
+    // The online softmax's slack (rows.cuh): none for e4m3's p * P_SCALE nor for f16 P times the DSA
+    // rows' block scales.
+    static constexpr int MAX_SLACK = MMA_E4M3 || KV_SCALED ? 0 : BF16_P_SLACK;
     using Scaled = ScaledRow<D, DV>;  // a scaled row's layout (rows.cuh)
     static constexpr int SCALE_BLOCK = Scaled::SCALE_BLOCK, SCALE_OFF = Scaled::SCALE_OFF, ROPE_OFF = Scaled::ROPE_OFF;
     static constexpr int KV_ROW = KV_SCALED ? Scaled::BYTES : D * KV_ELEM;  // bytes per KV row

@@ -39,7 +39,7 @@ struct OverlapAttnConfig : Layout {
     static constexpr bool KV_FP8 = false, MMA_E4M3 = false, MMA_F16 = false;
     static constexpr int KV_ELEM = 2, P_ELEM = 2, K_STEP = 16, K_BLOCK = 16, V_BLOCK = 16;
     static constexpr float P_SCALE = 1.f;
-    static constexpr int MAX_SLACK = 8;  // the online softmax's slack (rows.cuh): bf16 P
+    static constexpr int MAX_SLACK = BF16_P_SLACK;  // the online softmax's slack (rows.cuh)
     static constexpr int ROPE = D - DV;
     static constexpr int DIM_GROUPS = 4, KEY_SPLITS = 2, WARPS = DIM_GROUPS * KEY_SPLITS;
     static constexpr int THREADS = 32 * WARPS, CONSUMERS = THREADS;

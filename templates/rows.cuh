@@ -159,6 +159,7 @@ __device__ __forceinline__ int ring_wait_full(char* smem, int pos) {
 // O's rescale (warp-uniform); probabilities reach 2^SLACK, which a loop allows only where its P
 // holds them (bf16 / f16 P; not e4m3 P scaled by P_SCALE, nor f16 P times block scales). The lse
 // (ref + log2 l) is exact either way (bench/NOTES.md v59).
+constexpr int BF16_P_SLACK = 8;  // the slack of loops whose P is bf16 or f16 (with or without fp32 scales folded in)
 struct SoftmaxStep {
     float alpha, ref;
 };

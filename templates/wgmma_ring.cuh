@@ -35,7 +35,7 @@ struct WgRing : Layout {
     // not have). fp8 rows: the producer's conversion is latency-bound with 24 (two chunks in flight);
     // 40 bought the DSA rows 6-8% though the consumers spill a few words at 232.
     static constexpr int PRODUCER_REGS = KV_FP8 ? 40 : 24, CONSUMER_REGS = KV_FP8 ? 232 : 240;
-    static constexpr int MAX_SLACK = 8;  // the online softmax's slack (rows.cuh): P is bf16, times any scale
+    static constexpr int MAX_SLACK = BF16_P_SLACK;  // the online softmax's slack (rows.cuh): bf16 P, times scales
     static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= THREADS * 168, "the warpgroups' registers fit the CTA's");
 
     static_assert(128 % BN == 0 && ROW_CHUNKS % ROW_THREADS == 0 && RAW_CHUNKS % ROW_THREADS == 0 && KV_ROW % 16 == 0,
