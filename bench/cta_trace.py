@@ -111,8 +111,9 @@ PATCHES = {
          "    char* smem = wg_setup<C>(smem_raw, C::KV_SCALED ? 2 * 128 : 128);\n    KGEN_TRACE(8);\n"),
     ),
     "kgen/schedule.cuh": (
-        ("    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n",
-         "    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);\n    KGEN_TRACE(7);\n"),
+        ("    const SplitRule rule = choose_split<HEADS, BM, BN, GROUP>(a, total_work, longest, shortest, rows, sc);\n",
+         "    const SplitRule rule = choose_split<HEADS, BM, BN, GROUP>(a, total_work, longest, shortest, rows, sc);\n"
+         "    KGEN_TRACE(7);\n"),
     ),
     "kgen/attention.cuh": (
         ("        mbar_init_fence();\n    }\n    __syncthreads();\n    st.ring_pos = 0;\n",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from . import kvrows
 from .plan import Plan
-from .splitkv import ceil_div, choose_chunk, row_tile_bound, row_tiles_of, splits_of, waves_of
+from .splitkv import ceil_div, choose_split, halving_pieces, row_tile_bound, row_tiles_of, splits_of, waves_of
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,21 @@ def work_items(p: Plan, shape: Shape, target_ctas: int) -> tuple[list[Item], int
     row_tiles, kv_tiles = row_tiles_of(shape.T, shape.H, bm, group), ceil_div(shape.L, bn)
     min_splits = 0 if shape.decode else 1
     waves = waves_of(row_tile_bound(shape.H, bm, shape.T * shape.B, shape.B, group), target_ctas)
-    chunk = choose_chunk([row_tiles] * shape.B, [kv_tiles] * shape.B, target_ctas, min_splits, waves)
-    splits, per_split = splits_of(kv_tiles, chunk, min_splits)
+    rule = choose_split([row_tiles] * shape.B, [kv_tiles] * shape.B, target_ctas, min_splits, waves)
+    if rule.levels:  # level-major: every request's row tiles at level 0, then level 1, ..
+        pieces = halving_pieces(kv_tiles, rule.levels)
+    else:
+        splits, per_split = splits_of(kv_tiles, rule.chunk, min_splits)
+        pieces = [(s * per_split, min(kv_tiles, (s + 1) * per_split)) for s in range(splits)]
     tile_bytes = bn * kvrows.row_bytes(p.spec)
-    request = []
-    for s in range(splits):
-        prefix = min(kv_tiles, (s + 1) * per_split) - s * per_split
-        tree = ceil_div(shape.T, bn) if not shape.decode and s == splits - 1 else 0
-        tiles = max(1, prefix + tree)  # an empty split still runs its startup and writes a state
-        # the request's row tiles run side by side (row tile fastest) and read the chunk once
-        request += [Item(tiles, prefix * tile_bytes / row_tiles / tiles)] * row_tiles
-    return request * shape.B, splits
+    items = []
+    for s, (begin, end) in enumerate(pieces):
+        tree = ceil_div(shape.T, bn) if not shape.decode and s == len(pieces) - 1 else 0
+        tiles = max(1, end - begin + tree)  # an empty split still runs its startup and writes a state
+        # the request's row tiles run side by side (row tile fastest) and read the piece once
+        item = Item(tiles, (end - begin) * tile_bytes / row_tiles / tiles)
+        items += [item] * (row_tiles * shape.B if rule.levels else row_tiles)
+    return (items if rule.levels else items * shape.B), len(pieces)
 
 
 def simulate(items: list[Item], slots: int, compute_us: float, dram_bytes_per_us: float,

@@ -13,6 +13,9 @@ MIN_SPLIT_TILES = 4  # a split reads at least 4 KV tiles, so partial states stay
 # empty CTAs than one wave (a wave of them costs CTA launches and the schedule: ~5 us on the H200,
 # bench/NOTES.md v24).
 SPLIT_WAVES = 4
+# Halving (templates/schedule.cuh): a request's KV tiles cut into 2 .. MAX_LEVELS pieces of halving
+# size, the big ones first, where equal splits would leave the last wave part-empty (bench/NOTES.md v65).
+MAX_LEVELS = 4
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -69,20 +72,49 @@ def splits_of(kv_tiles: int, chunk: int, min_splits: int) -> tuple[int, int]:
     return splits, ceil_div(kv_tiles, splits) if splits else 0
 
 
-def choose_chunk(row_tiles: list[int], kv_tiles: list[int], target_ctas: int, min_splits: int, waves: int) -> int:
-    """The schedule's chunk for requests of these row and KV tiles (weighing chunks of 1 .. waves
-    waves): the candidate whose waves of work items, each as long as the longest item plus
-    MIN_SPLIT_TILES (its start and partial state, as the device counts it), end first (the first
-    such)."""
+@dataclass(frozen=True)
+class SplitRule:
+    """How a call's requests are split: equal splits of at most `chunk` KV tiles (levels 0), or
+    halving into `levels` pieces."""
+
+    chunk: int
+    levels: int = 0
+
+
+def halving_pieces(kv_tiles: int, levels: int) -> list[tuple[int, int]]:
+    """The KV tiles [begin, end) of each level of a request halved into `levels` pieces: n/2, n/4, ..,
+    the last piece what is left."""
+    n = kv_tiles
+    return [(n - (n >> j), n - (n >> (j + 1)) if j + 1 < levels else n) for j in range(levels)]
+
+
+def choose_split(row_tiles: list[int], kv_tiles: list[int], target_ctas: int, min_splits: int,
+                 waves: int) -> SplitRule:
+    """The schedule's split rule for requests of these row and KV tiles: the chunk candidate whose
+    waves of work items, each as long as the longest item plus MIN_SPLIT_TILES (its start and
+    partial state, as the device counts it), end first (the first such, weighing chunks of 1 ..
+    waves waves); then, where waves > 1, halving into 2 .. MAX_LEVELS levels where every request
+    has MIN_SPLIT_TILES << (levels - 1) KV tiles and its items fit the grid ((levels - 1) R <= waves
+    target), costed as list scheduling ends (the work spread over the CTAs plus the last piece, or
+    the first piece), if it ends before."""
     work = sum(m * n for m, n in zip(row_tiles, kv_tiles))
-    best, best_cost = 0, None
-    for chunk in chunk_candidates(work, max(kv_tiles, default=0), target_ctas, waves):
-        items, longest = 0, 0
+    longest = max(kv_tiles, default=0)
+    best, best_cost = SplitRule(0), None
+    for chunk in chunk_candidates(work, longest, target_ctas, waves):
+        items, split_tiles = 0, 0
         for m, n in zip(row_tiles, kv_tiles):
             splits, per_split = splits_of(n, chunk, min_splits)
             items += m * splits
-            longest = max(longest, per_split)
-        cost = ceil_div(items, target_ctas) * (longest + MIN_SPLIT_TILES)
+            split_tiles = max(split_tiles, per_split)
+        cost = ceil_div(items, target_ctas) * (split_tiles + MIN_SPLIT_TILES)
         if best_cost is None or cost < best_cost:
-            best, best_cost = chunk, cost
+            best, best_cost = SplitRule(chunk), cost
+    rows, shortest = sum(row_tiles), min(kv_tiles, default=0)
+    for levels in range(2, MAX_LEVELS + 1) if waves > 1 else ():
+        if shortest < MIN_SPLIT_TILES << (levels - 1) or (levels - 1) * rows > waves * target_ctas:
+            break
+        filled = ceil_div(work + levels * rows * MIN_SPLIT_TILES, target_ctas)
+        cost = max(filled + (longest >> (levels - 1)), longest - (longest >> 1)) + MIN_SPLIT_TILES
+        if cost < best_cost:
+            best, best_cost = SplitRule(best.chunk, levels), cost
     return best

@@ -117,11 +117,11 @@ __device__ __forceinline__ void combine_partials(const PartO* __restrict__ part_
     const int groups = blockDim.x / COLS, g = threadIdx.x / COLS, col = threadIdx.x % COLS;
     const int b = request_of(qo_indptr, batch, token);
     wait_for_prior_grid();  // the attention kernel's partial states and req_meta (its CTA 0 writes them)
-    const int4 meta = req_meta[b];  // (first item, splits, 0, row tiles)
+    const int4 meta = req_meta[b];  // (first item, splits, stride, row tiles): schedule.cuh
     const int r = (token - qo_indptr[b]) * HEADS + h, row_tile = r / BM, row = r % BM;
     const int states = meta.y;
     auto at = [&](int s) {  // index of (split s, this row) in part_lse; times DV in part_o
-        return ((long long)meta.x + s * meta.w + row_tile) * BM + row;
+        return ((long long)meta.x + (long long)s * meta.z + row_tile) * BM + row;
     };
 
     OnlineMerge merge;

@@ -11,7 +11,7 @@
 // work is W = sum mt_b*nt_b tiles. A chunk c gives request b s_b = max(min_splits, ceil(nt_b/c))
 // splits of equal size ceil(nt_b/s_b) (the last may be shorter); its work items are (split, row
 // tile) pairs, row tile fastest, so the CTAs that share a KV chunk run side by side and the chunk
-// is read from DRAM once. CTA i does item i; CTAs past the last item have none. min_splits = 1
+// is read from DRAM once (halving, below, cuts other splits). CTA i does item i; CTAs past the last item have none. min_splits = 1
 // gives a request with no prefix one (empty) split all the same: verify_attn does its tree in
 // the last split, and tree_attn (all kv_lens 0) gets one item per row tile.
 //
@@ -22,12 +22,22 @@
 // into equal splits — and takes the first whose waves end first (kgen/splitkv.py has its copy).
 // waves = SPLIT_WAVES where the call's row tiles could fill more than a wave (R = ceil(total tokens
 // H / BM) + batch GROUP > target: rows alone cannot balance one wave), else 1, so a call of fewer rows
-// launches no more than one wave of CTAs that find no item. So 144 row tiles on 132 SMs
-// are cut into 4 splits each rather than run in two waves of one. The grid: waves target + R, in
-// whole groups.
+// launches no more than one wave of CTAs that find no item. The grid: waves target + R, in whole
+// groups.
 //
-//   req_meta[b] = (first item, splits, 0, row tiles), written by CTA 0 for the combine kernel; the
-//   partial state of item i is slot i of part_o / part_lse.
+// Halving (where waves > 1): equal splits leave the last wave part-empty (144 row tiles on 132 SMs in
+// 4 splits are 4.36 waves, run as 5). Cut instead every request's n KV tiles into `levels` pieces of
+// halving size — level j < levels - 1 is [n - (n >> j), n - (n >> (j + 1))), the last [n - (n >>
+// (levels - 1)), n) — and run the items level-major (all requests' row tiles at level 0, then level
+// 1, ..): the CTAs start in index order on the SM that frees first, so the small pieces at the end
+// fill the waves' tail (list scheduling). Weighed for levels 2 .. MAX_LEVELS where every request has
+// at least min_split_tiles << (levels - 1) KV tiles and (levels - 1) R <= waves target (the items fit
+// the grid), at max(ceil((W + items min_split_tiles) / target) + (n_max >> (levels - 1)), ceil(n_max
+// / 2)) + min_split_tiles, and taken where that is below the best chunk's cost (bench/NOTES.md v65).
+//
+//   req_meta[b] = (first item, splits, stride, row tiles), written by CTA 0 for the combine kernel:
+//   split s of row tile r is item first + s stride + r (stride: the request's row tiles for equal
+//   splits, all requests' for halving); the partial state of item i is slot i of part_o / part_lse.
 #pragma once
 #include "kgen/common.cuh"
 
@@ -94,6 +104,7 @@ struct ScheduleArgs {
 };
 
 constexpr int SPLIT_WAVES = 4, CHUNK_CANDIDATES = 2 * SPLIT_WAVES + 1;  // kgen/splitkv.py's SPLIT_WAVES
+constexpr int MAX_LEVELS = 4;  // halving's most levels (kgen/splitkv.py's)
 
 // The waves of CTAs the call's chunks may fill (kgen/splitkv.py's waves_of).
 template <int HEADS, int BM, int GROUP>
@@ -124,6 +135,18 @@ __device__ __forceinline__ Splits splits_of(int kv_tiles, int chunk, int min_spl
     return {count, count ? (kv_tiles + count - 1) / count : 0};
 }
 
+// How a call's requests are split: equal splits of at most `chunk` KV tiles (levels 0), or halving
+// into `levels` pieces.
+struct SplitRule {
+    int chunk, levels;
+};
+
+// KV tiles [begin, end) of request piece `level` of a halving into `levels` (n KV tiles).
+__device__ __forceinline__ int halving_begin(int n, int level) { return n - (n >> level); }
+__device__ __forceinline__ int halving_end(int n, int level, int levels) {
+    return level + 1 < levels ? n - (n >> (level + 1)) : n;
+}
+
 struct Weighed {
     int chunk, items, split_tiles;  // a chunk candidate, its work items, the KV tiles of the longest
 };
@@ -141,13 +164,14 @@ constexpr int SCHEDULE_SCRATCH_BYTES = sizeof(ScheduleScratch);
 static_assert(SCHEDULE_SCRATCH_BYTES == 400 && alignof(ScheduleScratch) == 8, "the scratch layout");
 static_assert(CHUNK_CANDIDATES <= 16, "a weighed slot per candidate");
 
-// The chunk whose waves of work items end first (the first such of the candidates). Each warp
-// weighs candidates warp, warp + warps, ..: its lanes go through the requests.
+// The split rule whose waves of work items end first: the chunk candidates' (the first such), then
+// halving where it ends before. Each warp weighs chunk candidates warp, warp + warps, ..: its lanes go
+// through the requests. work: W; rows: R, the requests' row tiles; longest / shortest: KV tiles.
 template <int HEADS, int BM, int BN, int GROUP>
-__device__ __forceinline__ int choose_chunk(const ScheduleArgs& a, unsigned long long work, int longest,
-                                            ScheduleScratch* sc) {
+__device__ __forceinline__ SplitRule choose_split(const ScheduleArgs& a, unsigned long long work, int longest,
+                                                  int shortest, int rows, ScheduleScratch* sc) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    const int candidates = 1 + 2 * split_waves<HEADS, BM, GROUP>(a);
+    const int waves = split_waves<HEADS, BM, GROUP>(a), candidates = 1 + 2 * waves;
     for (int k = warp; k < candidates; k += warps) {
         const int chunk = chunk_candidate(k, work, longest, a);
         int items = 0, split_tiles = 0;
@@ -167,18 +191,29 @@ __device__ __forceinline__ int choose_chunk(const ScheduleArgs& a, unsigned long
     }
     __syncthreads();
     long long best = -1;
-    int best_chunk = 0;
+    SplitRule rule{0, 0};
     for (int k = 0; k < candidates; ++k) {
         const Weighed w = sc->weighed[k];
-        const int waves = (w.items + a.target_ctas - 1) / a.target_ctas;
-        const long long cost = (long long)waves * (w.split_tiles + a.min_split_tiles);
+        const int waves_run = (w.items + a.target_ctas - 1) / a.target_ctas;
+        const long long cost = (long long)waves_run * (w.split_tiles + a.min_split_tiles);
         if (best < 0 || cost < best) {
             best = cost;
-            best_chunk = w.chunk;
+            rule.chunk = w.chunk;
         }
     }
     __syncthreads();  // the scratch may be reused
-    return best_chunk;
+    for (int levels = 2; waves > 1 && levels <= MAX_LEVELS; ++levels) {
+        if (shortest < a.min_split_tiles << (levels - 1) || (long long)(levels - 1) * rows > (long long)waves * a.target_ctas)
+            break;
+        const long long items = (long long)levels * rows;
+        const long long filled = ((long long)work + items * a.min_split_tiles + a.target_ctas - 1) / a.target_ctas;
+        const long long cost = max(filled + (longest >> (levels - 1)), (long long)longest - (longest >> 1)) + a.min_split_tiles;
+        if (cost < best) {
+            best = cost;
+            rule.levels = levels;
+        }
+    }
+    return rule;
 }
 
 // Writes this CTA's work item to sc->found (find_work_item below). Not inlined: it runs once per
@@ -196,18 +231,25 @@ __device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScrat
         if (report && (a.qo_indptr[0] != 0 || a.qo_indptr[a.batch] != a.total_tokens)) atomicOr(a.error_flag, 1);
     }
     unsigned long long mine = 0;
-    int longest = 0;  // KV tiles of the longest request
+    int longest = 0, shortest = 0x7fffffff, rows = 0;  // KV tiles of the longest and shortest request; R
     for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
         const RequestShape r = request_shape<HEADS, BM, BN, GROUP>(a.qo_indptr, a.kv_lens, b, a.max_nodes, report, a.error_flag);
         mine += (unsigned long long)r.row_tiles * r.kv_tiles;
         longest = max(longest, r.kv_tiles);
+        shortest = min(shortest, r.kv_tiles);
+        rows += r.row_tiles;
     }
     const unsigned long long total_work = block_reduce<Sum>(mine, sc->sums);
     longest = block_reduce<Max>(longest, scan);
-    const int chunk = choose_chunk<HEADS, BM, BN, GROUP>(a, total_work, longest, sc);
+    shortest = -block_reduce<Max>(-shortest, scan);
+    rows = block_reduce<Sum>(rows, scan);
+    const SplitRule rule = choose_split<HEADS, BM, BN, GROUP>(a, total_work, longest, shortest, rows, sc);
 
-    // Requests in blocks of blockDim.x: a scan of their item counts finds the request holding
-    // item blockIdx.x. CTA 0 goes through all of them to write req_meta.
+    // Requests in blocks of blockDim.x: a scan of their item counts (halving: of their row tiles, the
+    // items of one level) finds the request holding item blockIdx.x. CTA 0 goes through all of them
+    // to write req_meta.
+    const int level = rule.levels ? blockIdx.x / max(rows, 1) : 0;
+    const int wanted = !rule.levels ? blockIdx.x : level < rule.levels ? blockIdx.x % rows : -1;
     int items_before = 0;
     for (int base = 0; base < a.batch; base += blockDim.x) {
         const int b = base + threadIdx.x;
@@ -215,21 +257,26 @@ __device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScrat
         Splits splits{0, 0};
         if (b < a.batch) {
             r = request_shape<HEADS, BM, BN, GROUP>(a.qo_indptr, a.kv_lens, b, a.max_nodes, false, a.error_flag);
-            splits = splits_of(r.kv_tiles, chunk, a.min_splits);
+            splits = rule.levels ? Splits{rule.levels, 0} : splits_of(r.kv_tiles, rule.chunk, a.min_splits);
         }
-        const int items = splits.count * r.row_tiles;
+        const int items = rule.levels ? r.row_tiles : splits.count * r.row_tiles;
         int block_items;
         const int first = items_before + block_inclusive_sum(items, scan, &block_items) - items;
         items_before += block_items;
         if (b < a.batch) {
-            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits.count, 0, r.row_tiles);
-            const int local = static_cast<int>(blockIdx.x) - first;
+            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits.count, rule.levels ? rows : r.row_tiles, r.row_tiles);
+            const int local = wanted - first;
             if (0 <= local && local < items) {  // this thread's request holds the CTA's item
-                const int begin = (local / r.row_tiles) * splits.tiles;
                 found[0] = b;
                 found[1] = local % r.row_tiles;
-                found[2] = begin;
-                found[3] = min(r.kv_tiles, begin + splits.tiles);
+                if (rule.levels) {
+                    found[2] = halving_begin(r.kv_tiles, level);
+                    found[3] = halving_end(r.kv_tiles, level, rule.levels);
+                } else {
+                    const int begin = (local / r.row_tiles) * splits.tiles;
+                    found[2] = begin;
+                    found[3] = min(r.kv_tiles, begin + splits.tiles);
+                }
             }
         }
         __syncthreads();  // found[] is complete and the same for every thread

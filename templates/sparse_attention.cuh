@@ -50,7 +50,8 @@ struct SparseItem {
 // positive) keeps them within one wave of target_ctas CTAs whatever the batch (else slots =
 // target_ctas); the gather kernel caps a split at one list's capacity. Items are ordered as the
 // dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first item,
-// S_b, 0, R_b) for the combine kernel. Every thread calls it; `scratch` is SCHEDULE_SCRATCH_BYTES.
+// S_b, R_b, R_b) for the combine kernel (the third: the stride between a row tile's splits).
+// Every thread calls it; `scratch` is SCHEDULE_SCRATCH_BYTES.
 template <int HEADS, int BM>
 __device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* scratch) {
     ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
@@ -92,7 +93,7 @@ __device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* sc
         const int first = items_before + block_inclusive_sum(items, scan, &block_items) - items;
         items_before += block_items;
         if (b < a.batch) {
-            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits, 0, row_tiles);
+            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits, row_tiles, row_tiles);
             const int local = static_cast<int>(blockIdx.x) - first;
             if (0 <= local && local < items) {
                 found[0] = b;

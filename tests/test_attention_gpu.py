@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import spec_named
+from schedule_rule import schedule_items
 
 import kgen
 from kgen import designs
@@ -144,6 +145,41 @@ def test_edge_batches_match_the_reference(module_for, cuda, seed, spec_name, edg
     kind = rng.choice(TREE_KINDS)
     inp = make_verify_inputs(dims, sizes, lens, tree_kind=kind, device=cuda, generator=generator(cuda, seed))
     check_ops(mod, inp, f"{edge}: {describe(spec_name, inp, kind)}")
+
+
+def halved_by_the_rule(step, heads: int, sizes: list[int], length: int) -> bool:
+    """Whether tests/schedule_rule.py halves this batch's prefixes in `step`'s plan (a row tile's
+    splits lie all requests' row tiles apart, not its request's)."""
+    tiles = step.plan.tiles
+    _, meta = schedule_items(heads, tiles.bm, tiles.bn, sizes, [length] * len(sizes), step.target_ctas, 1,
+                             tiles.cluster)
+    return meta[0][1] > 1 and meta[0][2] != meta[0][3]
+
+
+@pytest.mark.parametrize("spec_name", ["glm5_sm120", "glm5_tp4_sm120", "glm5_dsa_fp8_sm120"])
+def test_a_batch_just_past_a_wave_of_row_tiles_is_halved_and_matches_the_reference(module_for, cuda, seed,
+                                                                                  spec_name):
+    """Row tiles just past one wave of CTAs: the schedule halves every request's prefix (pieces n/2,
+    n/4, n/8 and the rest, run big ones first: bench/NOTES.md v65) and the combine finds a row tile's
+    pieces all requests' row tiles apart. Trees of 16 tokens (or the spec's most), one row tile more
+    than a wave holds, one prefix length of 4-12k tokens that the rule halves (ragged batches, and
+    some lengths, keep equal splits)."""
+    mod = module_for(spec_name)
+    dims = Dims.of(mod.spec)
+    rng = random.Random(seed)
+    tokens, sizes, length = min(dims.max_nodes, 16), [min(dims.max_nodes, 16)], 4200
+    for _ in range(4):  # the batch's bucket may run another tiling, with another wave
+        inp = make_verify_inputs(dims, sizes, [length] * len(sizes), device=cuda, generator=generator(cuda, seed))
+        step = mod.prepare(inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.kv_lens, inp.op_mask)
+        per_request = math.ceil(tokens * dims.num_heads / step.plan.tiles.bm)
+        if per_request * len(sizes) <= step.target_ctas:
+            sizes = [tokens] * (step.target_ctas // per_request + 1)
+        elif halved_by_the_rule(step, dims.num_heads, sizes, length):
+            break
+        else:
+            length = rng.choice([n for n in range(4200, 12000, 8) if halved_by_the_rule(step, dims.num_heads, sizes, n)])
+    assert halved_by_the_rule(step, dims.num_heads, sizes, length), (sizes, length)
+    check_ops(mod, inp, f"halved: {describe(spec_name, inp, 'random')}")
 
 
 @pytest.mark.parametrize("spec_name", DYNAMIC_SPECS)

@@ -24,7 +24,7 @@ from kgen.plan import plan
 from kgen.render import generated_files, render
 from kgen.spec import parse_spec
 
-from schedule_rule import SPLIT_WAVES, cdiv, rule_chunk, rule_waves, schedule_items
+from schedule_rule import MAX_LEVELS, SPLIT_WAVES, cdiv, rule_split, rule_waves, schedule_items
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((ROOT / "specs").glob("*.yaml"))
@@ -388,27 +388,39 @@ def test_the_grid_holds_every_work_item_and_items_cover_every_tile_once(path, ar
                     assert got[-1][1] == cdiv(lens[b], bn) if got else lens[b] == 0
 
 
-def test_the_schedules_chunk_is_the_rules_on_the_device_and_in_the_model(seed):
-    """templates/schedule.cuh weighs up to SPLIT_WAVES waves of chunks, as kgen/splitkv.py (the model's
-    and the grids' copy) and the rule do, only where the rows could fill a wave; the model's
-    chunk is the rule's on random ragged batches; and 144 row tiles on 132 CTAs are cut into 4 splits
-    each rather than run in two waves of one."""
+def test_the_schedules_split_is_the_rules_on_the_device_and_in_the_model(seed):
+    """templates/schedule.cuh weighs up to SPLIT_WAVES waves of chunks and halving into up to
+    MAX_LEVELS pieces, as kgen/splitkv.py (the model's and the grids' copy) and the rule do, only
+    where the rows could fill a wave; the model's split is the rule's on random ragged batches; 144
+    row tiles on 132 CTAs are halved into 4 levels (n/2, n/4, n/8, the rest: list scheduling fills
+    the last wave) rather than cut into 4 equal splits that run as 5 waves, while 256 row tiles of
+    long requests keep one equal split each (two full waves)."""
     header = (ROOT / "templates" / "schedule.cuh").read_text()
     assert f"constexpr int SPLIT_WAVES = {splitkv.SPLIT_WAVES}," in header and splitkv.SPLIT_WAVES == SPLIT_WAVES
+    assert f"constexpr int MAX_LEVELS = {splitkv.MAX_LEVELS};" in header and splitkv.MAX_LEVELS == MAX_LEVELS
     rng = random.Random(seed)
-    for _ in range(300):
+    halved = 0
+    for _ in range(600):
         batch = rng.choice([1, 2, 5, 16, 64])
         rows = [rng.choice([1, 2, rng.randint(1, 40)]) for _ in range(batch)]
         kv = [rng.choice([0, 1, rng.randint(1, 300), rng.randint(1, 1 << 15)]) for _ in range(batch)]
         target, min_splits, waves = rng.choice([132, 188, 376]), rng.choice([0, 1]), rng.choice([1, SPLIT_WAVES])
-        assert splitkv.choose_chunk(rows, kv, target, min_splits, waves) == rule_chunk(rows, kv, target, min_splits,
-                                                                                       waves)
+        if rng.random() < 0.5:  # rows just past a wave, long prefixes: where halving may pay
+            batch, waves, target = rng.choice([14, 16, 20, 24]), SPLIT_WAVES, 132
+            rows = [rng.randint(7, 12) for _ in range(batch)]
+            kv = [rng.choice([rng.randint(32, 1100), rng.randint(1, 1 << 15)]) for _ in range(batch)]
+        got = splitkv.choose_split(rows, kv, target, min_splits, waves)
+        assert (got.chunk, got.levels) == rule_split(rows, kv, target, min_splits, waves)
+        halved += got.levels > 0
+    assert halved > 0  # the random batches reach halving too
     cases = (([16], 8, 1), ([33] * 16, 16, SPLIT_WAVES), ([1] * 32, 8, 1), ([16] * 32, 8, 1), ([16] * 64, 8, SPLIT_WAVES))
     for tokens, heads, waves in cases:
         assert splitkv.waves_of(splitkv.row_tile_bound(heads, 64, sum(tokens), len(tokens)), 132) == waves
         assert rule_waves(heads, 64, tokens, 132) == waves
-    chunk = splitkv.choose_chunk([9] * 16, [1024] * 16, 132, 1, SPLIT_WAVES)  # H=16 T=33 L=32768 B=16, BN 32
-    assert splitkv.splits_of(1024, chunk, 1) == (4, 256)
+    # H=16 T=33 L=32768 B=16, BN 32 (the tree's 2 tiles aside): 1305 tile-times in equal splits
+    assert splitkv.choose_split([9] * 16, [1024] * 16, 132, 1, SPLIT_WAVES).levels == 4
+    assert splitkv.halving_pieces(1024, 4) == [(0, 512), (512, 768), (768, 896), (896, 1024)]
+    assert splitkv.choose_split([8] * 32, [1024] * 32, 132, 1, SPLIT_WAVES) == splitkv.SplitRule(1024, 0)
 
 
 @pytest.mark.parametrize("T, L, B", [(1, 4096, 1), (1, 131072, 32), (16, 32768, 8), (64, 4096, 32), (16, 0, 1),
