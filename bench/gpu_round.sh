@@ -70,7 +70,7 @@ for s in "${steps[@]}"; do case $s in
     seesaw_speed) step seesaw_timing 240 python3 -m bench.model_validate --out "$out/model_validate_seesaw.json" \
             --variants seesaw4,seesaw3,seesaw4_tp4 --shapes compute,compute_l32k,compute_b8,\
 compute_t64,compute_b8_t64,small,small_b32,memory,h16_compute,h16_b16_t33
-        step seesaw_peers 300 python3 -m bench.run --shapes issue19 --page-size 64 --no-triton --peers all --no-halves \
+        step seesaw_peers 300 python3 -m bench.run --spec specs/glm5_p64_sm120.yaml --shapes issue19 --no-triton --peers all --no-halves \
             --out "$out"
         step ncu_bf16_seesaw 60 "${NCU[@]}" --spec specs/glm5_sm120.yaml --tiles seesaw:32,4,1 ;;
     sparse_bench) step sparse_bench 90 python3 -m bench.sparse --time-limit 60 --out "$out" ;;

@@ -61,11 +61,10 @@ PLAN_ARCH = os.environ.get("KGEN_TEST_PLAN_ARCH") or None
 CLUSTER = int(os.environ.get("KGEN_TEST_CLUSTER") or 1)
 
 # Specs the tests need that are not shipped: name -> (shipped base, cache fields to override).
-# glm5_p64_sm120: bf16 rows at the DSA pool's page size; glm5_dsa_e4m3_sm120: the DSA pool's fp8 rows
-# with e4m3 MMAs; glm5_dsa_bf16_sm120: sparse verify over the DSA pool's bf16 rows.
+# glm5_dsa_e4m3_sm120: the DSA pool's fp8 rows with e4m3 MMAs; glm5_dsa_bf16_sm120: sparse verify over
+# the DSA pool's bf16 rows. (glm5_p64_sm120, bf16 rows at page size 64, is shipped.)
 DERIVED_SPECS = {"glm5_p16_sm120": ("glm5_sm120", {"page_size": 16}),
                  "glm5_fp8_p64_sm120": ("glm5_fp8_sm120", {"page_size": 64}),
-                 "glm5_p64_sm120": ("glm5_sm120", {"page_size": 64}),
                  "glm5_dsa_e4m3_sm120": ("glm5_dsa_fp8_sm120", {"mma": "e4m3"}),
                  "glm5_dsa_bf16_sm120": ("glm5_dsa_sm120", {"kv_dtype": "bfloat16", "scales": None})}
 
