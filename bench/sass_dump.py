@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sys
 from pathlib import Path
 
 from kgen import sass
@@ -52,4 +51,8 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="the hashes file; listings go to OUT.d/")
+    main(ap.parse_args().out)

@@ -658,56 +658,18 @@ __device__ __forceinline__ RowVisibility<Visible> tile_visibility(const Visible&
     return {visible, w.red_row};
 }
 
-// 2. Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
-// softmax (base 2), its probabilities into P and the row's rescale factor alpha. `visible` is the
-// tile's tile_visibility.
+// 2. Row red_row's share of key tile `tile` (softmax_row): its probabilities into P and the row's
+// rescale factor alpha. `visible` is the tile's tile_visibility.
 template <class C, class TileVisible>
 __device__ __forceinline__ void softmax_tile(char* smem, AttnState<C>& st, const char* kt, int tile, int num_keys,
                                              const TileVisible& visible, const WarpCoords& w) {
-    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
-    const int red_row = w.red_row, red_col0 = w.red_col0;
-    float s[C::RED_COLS];
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
-#pragma unroll
-    for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
-        const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
-#pragma unroll
-        for (int c = 0; c < C::RED_COLS; c += 2) {
-            const float2 v = *reinterpret_cast<const float2*>(part + c);
-            s[c] += v.x; s[c + 1] += v.y;
-        }
-    }
-    float tile_max = neg_inf();
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) {
-        const int key = tile * C::BN + red_col0 + c;
-        s[c] = (key < num_keys && visible(c, key)) ? s[c] * st.score_scale : neg_inf();
-        tile_max = fmaxf(tile_max, s[c]);
-    }
-    // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
-    // and the reduction across the row's reducers is skipped.
-    if (__any_sync(0xffffffffu, tile_max > st.row_max + C::MAX_SLACK)) {  // warp-uniform
-#pragma unroll
-        for (int off = 1; off < C::RED_THREADS; off *= 2)
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-    }
-    const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max, tile_max);
-    float p[C::RED_COLS], tile_sum = 0.f;
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) {
-        p[c] = exp2_fast(s[c] - step.ref);
-        tile_sum += p[c];
-    }
-    st.row_sum = st.row_sum * step.alpha + tile_sum;
-    char* p_smem = smem + C::P_OFF;
-    float* alpha_smem = reinterpret_cast<float*>(smem + C::ALPHA_OFF);
+    float p[C::RED_COLS];
+    const SoftmaxStep step = softmax_row<C>(smem, st, tile, num_keys, visible, w.red_row, w.red_col0, p);
     if constexpr (C::KV_SCALED && !C::V_SCALED) {
-        store_scaled_p<C>(st, kt, p_smem, alpha_smem, red_row, red_col0, p, step.alpha);
+        store_scaled_p<C>(st, kt, smem + C::P_OFF, reinterpret_cast<float*>(smem + C::ALPHA_OFF), w.red_row,
+                          w.red_col0, p, step.alpha);
     } else {
-#pragma unroll
-        for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
-        if (threadIdx.x % C::RED_THREADS == 0) alpha_smem[red_row] = step.alpha;
+        store_p_row<C>(smem, w.red_row, w.red_col0, p, step.alpha);
     }
 }
 

@@ -1,6 +1,7 @@
 // mma.sync fragment pieces both loops built on it share (the row-block loop, attention.cuh, and
 // the overlap loop, mma_rows.cuh): which k-steps a warp group has, the MMA of the config's type,
-// P stored in the order the P·V fragments read it, and the P·V B fragments. C is the loop's
+// P stored in the order the P·V fragments read it, a row's online softmax over a tile, and the P·V
+// B fragments. C is the loop's
 // config: its MMA type (MMA_E4M3 / MMA_F16 / bf16), KV_FP8, the staged KV_STRIDE and the steps.
 #pragma once
 #include "kgen/rows.cuh"
@@ -34,6 +35,62 @@ __device__ __forceinline__ void store_p2(char* p_row, int c, float p0, float p1)
     } else {
         *reinterpret_cast<unsigned*>(p_row + c * 2) = pack_bf16x2(p0, p1);
     }
+}
+
+// Row red_row's share of key tile `tile` (its RED_COLS columns from red_col0), in both loops: the
+// dim groups' partial scores (S_OFF) summed, masked (visible(c, key): column c, key index) and
+// scaled, then the online softmax step (base 2) in st (row_max, row_sum, score_scale); p gets the
+// probabilities. Returns the step (its alpha rescales the row's O).
+template <class C, class State, class TileVisible>
+__device__ __forceinline__ SoftmaxStep softmax_row(const char* smem, State& st, int tile, int num_keys,
+                                                   const TileVisible& visible, int red_row, int red_col0,
+                                                   float (&p)[C::RED_COLS]) {
+    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
+    float s[C::RED_COLS];
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
+#pragma unroll
+    for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
+        const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
+#pragma unroll
+        for (int c = 0; c < C::RED_COLS; c += 2) {
+            const float2 v = *reinterpret_cast<const float2*>(part + c);
+            s[c] += v.x; s[c + 1] += v.y;
+        }
+    }
+    float tile_max = neg_inf();
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        const int key = tile * C::BN + red_col0 + c;
+        s[c] = (key < num_keys && visible(c, key)) ? s[c] * st.score_scale : neg_inf();
+        tile_max = fmaxf(tile_max, s[c]);
+    }
+    // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
+    // and the reduction across the row's reducers is skipped.
+    if (__any_sync(0xffffffffu, tile_max > st.row_max + C::MAX_SLACK)) {  // warp-uniform
+#pragma unroll
+        for (int off = 1; off < C::RED_THREADS; off *= 2)
+            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+    }
+    const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max, tile_max);
+    float tile_sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c) {
+        p[c] = exp2_fast(s[c] - step.ref);
+        tile_sum += p[c];
+    }
+    st.row_sum = st.row_sum * step.alpha + tile_sum;
+    return step;
+}
+
+// Row red_row's probabilities into P and its alpha (by the row's first reducer) for the P·V warps.
+template <class C>
+__device__ __forceinline__ void store_p_row(char* smem, int red_row, int red_col0, const float (&p)[C::RED_COLS],
+                                            float alpha) {
+    char* p_row = smem + C::P_OFF + red_row * C::P_STRIDE;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_row, red_col0 + c, p[c], p[c + 1]);
+    if (threadIdx.x % C::RED_THREADS == 0) reinterpret_cast<float*>(smem + C::ALPHA_OFF)[red_row] = alpha;
 }
 
 // B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):

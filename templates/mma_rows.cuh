@@ -127,51 +127,15 @@ __device__ __forceinline__ void start_rows(float (&o)[MT][NT][4], State& st) {
     st.row_sum = 0.f;
 }
 
-// Row red_row's share of key tile `tile`: the sum of the groups' partial scores, the online
-// softmax (base 2) in `st` (row_max, row_sum, score_scale), its probabilities into P and the row's
+// Row red_row's share of key tile `tile` (softmax_row): its probabilities into P and the row's
 // rescale factor alpha.
 template <class C, class State, class Visible>
 __device__ __forceinline__ void softmax_rows(char* smem, State& st, int tile, int num_keys, const Visible& visible,
                                              int red_row, int red_col0) {
-    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
-    float s[C::RED_COLS];
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) s[c] = 0.f;
-#pragma unroll
-    for (int gi = 0; gi < C::DIM_GROUPS; ++gi) {
-        const float* part = s_part + (gi * C::BM + red_row) * C::S_STRIDE + red_col0;
-#pragma unroll
-        for (int c = 0; c < C::RED_COLS; c += 2) {
-            const float2 v = *reinterpret_cast<const float2*>(part + c);
-            s[c] += v.x; s[c + 1] += v.y;
-        }
-    }
-    float tile_max = neg_inf();
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) {
-        const int key = tile * C::BN + red_col0 + c;
-        s[c] = (key < num_keys && visible(red_row, key)) ? s[c] * st.score_scale : neg_inf();
-        tile_max = fmaxf(tile_max, s[c]);
-    }
-    // Once a row's running max settles (most tiles of a long prefix) no reducer exceeds it,
-    // and the reduction across the row's reducers is skipped.
-    if (__any_sync(0xffffffffu, tile_max > st.row_max + C::MAX_SLACK)) {  // warp-uniform
-#pragma unroll
-        for (int off = 1; off < C::RED_THREADS; off *= 2)
-            tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-    }
-    const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.row_max, tile_max);
-    float p[C::RED_COLS], tile_sum = 0.f;
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; ++c) {
-        p[c] = exp2_fast(s[c] - step.ref);
-        tile_sum += p[c];
-    }
-    st.row_sum = st.row_sum * step.alpha + tile_sum;
-    char* p_smem = smem + C::P_OFF;
-#pragma unroll
-    for (int c = 0; c < C::RED_COLS; c += 2) store_p2<C>(p_smem + red_row * C::P_STRIDE, red_col0 + c, p[c], p[c + 1]);
-    if (threadIdx.x % C::RED_THREADS == 0) reinterpret_cast<float*>(smem + C::ALPHA_OFF)[red_row] = step.alpha;
+    float p[C::RED_COLS];
+    const auto row_visible = [&](int, int key) { return visible(red_row, key); };
+    const SoftmaxStep step = softmax_row<C>(smem, st, tile, num_keys, row_visible, red_row, red_col0, p);
+    store_p_row<C>(smem, red_row, red_col0, p, step.alpha);
 }
 
 // o += P · V over one staged tile for the 16-row tiles from row0 and the value dims from dim0
