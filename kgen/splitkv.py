@@ -109,8 +109,10 @@ def choose_split(row_tiles: list[int], kv_tiles: list[int], target_ctas: int, mi
         cost = ceil_div(items, target_ctas) * (split_tiles + MIN_SPLIT_TILES)
         if best_cost is None or cost < best_cost:
             best, best_cost = SplitRule(chunk), cost
+    if waves == 1:
+        return best
     rows, shortest = sum(row_tiles), min(kv_tiles, default=0)
-    for levels in range(2, MAX_LEVELS + 1) if waves > 1 else ():
+    for levels in range(2, MAX_LEVELS + 1):
         if shortest < MIN_SPLIT_TILES << (levels - 1) or (levels - 1) * rows > waves * target_ctas:
             break
         filled = ceil_div(work + levels * rows * MIN_SPLIT_TILES, target_ctas)

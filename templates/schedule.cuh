@@ -11,9 +11,10 @@
 // work is W = sum mt_b*nt_b tiles. A chunk c gives request b s_b = max(min_splits, ceil(nt_b/c))
 // splits of equal size ceil(nt_b/s_b) (the last may be shorter); its work items are (split, row
 // tile) pairs, row tile fastest, so the CTAs that share a KV chunk run side by side and the chunk
-// is read from DRAM once (halving, below, cuts other splits). CTA i does item i; CTAs past the last item have none. min_splits = 1
-// gives a request with no prefix one (empty) split all the same: verify_attn does its tree in
-// the last split, and tree_attn (all kv_lens 0) gets one item per row tile.
+// is read from DRAM once (halving, below, cuts other splits). CTA i does item i; CTAs past the
+// last item have none. min_splits = 1 gives a request with no prefix one (empty) split all the
+// same: verify_attn does its tree in the last split, and tree_attn (all kv_lens 0) gets one item
+// per row tile.
 //
 // The chunk: the CTAs run in waves of target_ctas, so a call takes about ceil(items/target) waves,
 // each as long as the longest item (its tiles plus min_split_tiles for its start and its partial
@@ -241,8 +242,10 @@ __device__ __noinline__ void write_work_item(const ScheduleArgs a, ScheduleScrat
     }
     const unsigned long long total_work = block_reduce<Sum>(mine, sc->sums);
     longest = block_reduce<Max>(longest, scan);
-    shortest = -block_reduce<Max>(-shortest, scan);
-    rows = block_reduce<Sum>(rows, scan);
+    if (split_waves<HEADS, BM, GROUP>(a) > 1) {  // only then is halving weighed, and these read
+        shortest = -block_reduce<Max>(-shortest, scan);
+        rows = block_reduce<Sum>(rows, scan);
+    }
     const SplitRule rule = choose_split<HEADS, BM, BN, GROUP>(a, total_work, longest, shortest, rows, sc);
 
     // Requests in blocks of blockDim.x: a scan of their item counts (halving: of their row tiles, the
