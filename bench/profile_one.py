@@ -5,6 +5,8 @@
     ncu --clock-control none -k regex:prefix_attn python -m bench.profile_one \\
         --spec specs/glm5_dsa_fp8_sm120.yaml --tiles wgmma:32,3,1    # a tuning candidate's kernel
     python -m bench.profile_one --shape 1,1,4096 --kernels    # per-kernel GPU times (torch.profiler)
+    ncu --clock-control none -k regex:flash -c 1 python -m bench.profile_one --spec specs/glm5_p64_sm120.yaml \
+        --shape 8,64,32768 --peer flashmla                      # a peer's kernel on the same shape
     ncu --clock-control none --set full --import-source yes -k regex:sparse_verify \\
         python -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072
 """
@@ -26,6 +28,8 @@ ap.add_argument("--gather", action="store_true", help="sparse specs: the per-tok
 ap.add_argument("--empty-lists", action="store_true", help="sparse specs: lists of -1 only (the scan, the tree and the fixed costs)")
 ap.add_argument("--kernels", action="store_true", help="print per-kernel GPU times of 10 calls")
 ap.add_argument("--tiles", default=None, help="a tiling instead of the plan's (e.g. wgmma:32,3,1)")
+ap.add_argument("--peer", default=None, help="a peer's call on the same shape (chain trees) instead of kgen's "
+                "(bench/peers.py: flashmla, flashinfer_fa3, flashinfer_fa2)")
 args = ap.parse_args()
 spec = kgen.load_spec(args.spec)
 b, t, l = (int(x) for x in args.shape.split(","))
@@ -43,6 +47,13 @@ if spec.model.sparse:
 
     def op():
         return step.verify(x.base.q, x.base.kv_cache, k_tree, **x.base.kv_kwargs)
+elif args.peer:
+    from bench import peers
+    from bench.run import pool_pages
+
+    ins = make_verify_inputs(spec, [t] * b, [l] * b, tree_kind="chain", device="cuda",
+                             num_pages=pool_pages([l] * b, [t] * b, spec.cache.page_size, True))
+    op = peers.prepare(args.peer, ins, peers.chain_kv(ins, with_tree=t > 1))
 else:
     ins = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
     op = ((lambda: mod.prefix_attention(*ins.prefix_args(), **ins.kv_kwargs)) if t == 1

@@ -129,14 +129,18 @@ def tune_cmd(
                                                            "tilings by the performance model (no GPU needed)"),
     out: Optional[Path] = typer.Option(None, "--out", help="table file (default: the user table under KGEN_CACHE_DIR/tuned)"),
     as_json: bool = typer.Option(False, "--json", help="with --arch: print the ranking as JSON"),
+    only: Optional[str] = typer.Option(None, "--buckets", help="comma-separated bucket keys or their starts "
+                                       "(e.g. decode or decode/9+): tune only those, keep the table's other choices"),
 ) -> None:
     """(GPU) Time the candidate attention tilings of SPEC per shape bucket on the GPU present and write
     the winners to a tuned table, which kgen.jit then uses for that spec, arch and kgen version.
     With --arch for an arch that is not present, rank the candidates by the model instead."""
-    from .tuning import table_name, user_dir
+    from .tuning import selected, table_name, user_dir
 
     try:
         spec = load_spec(spec_path)
+        prefixes = tuple(p.strip() for p in only.split(",") if p.strip()) if only else ()
+        todo = selected(prefixes)
         if out is not None and out.is_dir():
             raise KgenError(f"--out {out} is a directory; give the table's file name (e.g. {out / 'table.json'})")
         import torch
@@ -157,7 +161,7 @@ def tune_cmd(
         from .tuner import tune
 
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console) as bar:
-            task = bar.add_task(f"tuning {spec.name}", total=len(buckets()))
+            task = bar.add_task(f"tuning {spec.name}", total=len(todo))
 
             def done(bucket, r):
                 bar.advance(task)
@@ -167,7 +171,7 @@ def tune_cmd(
                     bar.console.print(f"{bucket.key:20s} {text} rejected, not timed: {why}", highlight=False,
                                       markup=False)
 
-            table = tune(spec, budget_s, on_bucket=done)
+            table = tune(spec, budget_s, on_bucket=done, only=prefixes)
         path = out or user_dir() / table_name(spec, table.arch)
         try:
             table.save(path)
@@ -176,7 +180,7 @@ def tune_cmd(
                             f"write") from None
     except KgenError as e:
         fail(e)
-    console.print(f"{len(table.choices)} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
+    console.print(f"{len(todo)} of {len(buckets())} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
                   markup=False)
 
 

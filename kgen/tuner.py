@@ -21,7 +21,7 @@ from .ops import Module
 from .spec import Spec
 from .inputs import make_verify_inputs
 from .timing import time_rotation
-from .tuning import Bucket, Choice, Table, buckets, candidates, decide, find_table, shape_of, spec_digest
+from .tuning import Bucket, Choice, Table, candidates, decide, find_table, selected, shape_of, spec_digest
 from .version import __version__
 
 L2_ROTATION_BYTES = 4 * 60 << 20  # rotated input sets hold at least four H200 L2s of KV
@@ -62,11 +62,12 @@ def disagreeing(mods: dict[str, Module], base: str, spec: Spec, bucket: Bucket,
 
 
 def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] | None = None,
-         seed: int = 1234) -> Table:
+         seed: int = 1234, only: tuple[str, ...] = ()) -> Table:
     """Tune `spec` on the current GPU within about `budget_s` seconds (the buckets not reached keep
     the previous table's choice). Each bucket: every candidate timed once on the same inputs, the
     heuristic tiling once more for the noise; tuning.decide picks among those that agree with the
-    heuristic plan on the bucket's shape (the others are reported as "rejected")."""
+    heuristic plan on the bucket's shape (the others are reported as "rejected"). `only`: the
+    buckets whose key starts with one of these (e.g. "decode/"); the others keep their choice."""
     start = time.monotonic()
     here = arch_for_capability(*torch.cuda.get_device_capability())
     heuristic = designs.choose(spec, here)
@@ -78,7 +79,7 @@ def tune(spec: Spec, budget_s: float, on_bucket: Callable[[Bucket, dict], None] 
     old = find_table(spec, arch)
     generator = torch.Generator(device=device).manual_seed(seed)
     choices = dict(old.choices) if old else {}
-    for bucket in buckets():
+    for bucket in selected(only):
         if time.monotonic() - start > budget_s:
             break
         rejected = disagreeing(mods, base, spec, bucket, generator)

@@ -77,6 +77,17 @@ def buckets() -> list[Bucket]:
     return [Bucket(t, b, c) for t in trees for b in batches for c in contexts]
 
 
+def selected(prefixes: tuple[str, ...] = ()) -> list[Bucket]:
+    """The buckets whose key starts with one of `prefixes` (all of them for none); an unknown prefix
+    is an error that lists the keys."""
+    every = buckets()
+    for p in prefixes:
+        if not any(b.key.startswith(p) for b in every):
+            raise TuningError(f"no shape bucket's key starts with {p!r}; the keys are TREE/BATCH/CONTEXT: "
+                              + ", ".join(b.key for b in every))
+    return [b for b in every if not prefixes or b.key.startswith(prefixes)]
+
+
 def shape_of(bucket: Bucket, max_nodes: int) -> tuple[int, int, int]:
     trees, batches, contexts = REPRESENTATIVE
     return min(trees[bucket.tree], max_nodes), batches[bucket.batch], contexts[bucket.context]

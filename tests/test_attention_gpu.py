@@ -386,7 +386,8 @@ def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spe
 # Every tiling kgen tune may pick for sm_120 (both mma.sync loop designs), whatever the plan of the
 # run: the heuristic sm_120 plan is one of them, the others run only here.
 SM120_TILINGS = ["mma_sync:32,32,2,2,1", "mma_sync:32,16,2,4,1", "mma_sync:32,32,2,2,1,2", "mma_sync:32,32,2,2,1,4",
-                 "mma_sync:32,16,2,4,1,4", "overlap:16,4,1,1", "overlap:16,4,0,1", "overlap:32,2,0,1"]
+                 "mma_sync:32,16,2,4,1,4", "mma_sync:16,32,1,2,1", "overlap:16,4,1,1", "overlap:16,4,0,1",
+                 "overlap:32,2,0,1"]
 _TILED: dict = {}  # (spec, arch, tiles) -> module, compiled once per session
 
 
@@ -426,13 +427,16 @@ def check_tiling(cuda, seed: int, spec_name: str, arch: str, tiles: str) -> None
 # bf16 rows at H = 8, 16 and 128, page sizes 1 and 64, both ring depths at H = 8; per-tensor fp8 rows
 # at both page sizes and the DSA pool's rows (its one ring depth beside the raw stages); and the
 # mma.sync loop over the DSA pool's rows as the sm_90 plan builds it, the block scales entering P·V
-# through V (the sm_120 plan keeps them in P: KGEN_TEST_PLAN_ARCH=sm_120 runs that path).
+# through V (the sm_120 plan keeps them in P: KGEN_TEST_PLAN_ARCH=sm_120 runs that path); its 16-row
+# tiles (decode's tuned choice) over every row format the tables cover.
 SM90_CASES = [*((spec, tiles) for spec in ("glm5_fp8_sm120", "glm5_fp8_p64_sm120", "glm5_dsa_fp8_sm120")
                 for tiles in ("wgmma:32,2,1", "wgmma:32,3,1")),
               ("glm5_sm120", "seesaw:32,3,1"), ("glm5_sm120", "seesaw:32,4,1"), ("glm5_p64_sm120", "seesaw:32,4,1"),
               ("glm5_tp4_sm120", "seesaw:32,4,1"), ("deepseek_v3_sm120", "seesaw:32,4,1"),
               ("glm5_fp8_sm120", "seesaw:32,3,1"), ("glm5_fp8_p64_sm120", "seesaw:32,3,1"),
-              ("glm5_dsa_fp8_sm120", "seesaw:32,3,1"), ("glm5_dsa_fp8_sm120", "mma_sync:32,32,2,3,1")]
+              ("glm5_dsa_fp8_sm120", "seesaw:32,3,1"), ("glm5_dsa_fp8_sm120", "mma_sync:32,32,2,3,1"),
+              *((spec, "mma_sync:16,32,1,4,1") for spec in ("glm5_sm120", "glm5_p64_sm120", "glm5_fp8_sm120",
+                                                             "glm5_dsa_fp8_sm120"))]
 
 
 @pytest.mark.parametrize("case", range(2))

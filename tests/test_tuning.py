@@ -56,6 +56,14 @@ def test_every_bucket_has_a_representative_shape_within_the_tree(spec):
         assert 1 <= t <= spec.tree.nodes and (bucket.batch, bucket.context) == (b.batch, b.context)
 
 
+def test_tune_takes_a_subset_of_buckets_by_the_start_of_their_keys():
+    assert [b.key for b in tuning.selected(("decode/9+", "large/1/short"))] == [
+        "decode/9+/short", "decode/9+/long", "decode/9+/longest", "large/1/short"]
+    assert tuning.selected() == tuning.buckets()
+    with pytest.raises(TuningError, match="starts with 'decode/10'.*decode/1/short"):
+        tuning.selected(("decode/10",))
+
+
 def test_a_table_from_before_the_longest_context_class_answers_for_it_with_its_long_choice(spec):
     """Contexts past 65536 tokens are their own class; a table without it (every table tuned before
     it existed) runs its "long" choice there, and one with it its own."""
@@ -84,9 +92,10 @@ def test_tiles_text_round_trips_and_bad_text_names_the_forms():
 def test_candidates_fit_the_arch(spec):
     sm90 = tuning.candidates(spec, get_arch("sm_90"))
     assert WgmmaTiles(stages=4) in sm90 and MmaSyncTiles(32, 32, 2, 4, 1) in sm90
+    assert MmaSyncTiles(16, 32, 1, 4, 1) in sm90  # decode's 16-row tiles, the deepest ring that fits
     sm120 = tuning.candidates(spec, get_arch("sm_120"))  # 99 KB: no 4-stage ring of 32-row tiles
-    assert sm120 == [MmaSyncTiles(32, 32, 2, 2, 1), MmaSyncTiles(32, 16, 2, 4, 1), OverlapTiles(16, 4, 1, 1),
-                     OverlapTiles(16, 4, 0, 1), OverlapTiles(32, 2, 0, 1)]
+    assert sm120 == [MmaSyncTiles(32, 32, 2, 2, 1), MmaSyncTiles(32, 16, 2, 4, 1), MmaSyncTiles(16, 32, 1, 2, 1),
+                     OverlapTiles(16, 4, 1, 1), OverlapTiles(16, 4, 0, 1), OverlapTiles(32, 2, 0, 1)]
     fp8 = tuning.candidates(kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml"), get_arch("sm_120"))
     assert not [t for t in fp8 if t.design == "overlap"]  # the overlap loop takes bf16 caches only
     with pytest.raises(PlanError, match="3\\+ with Q·K ahead"):

@@ -137,9 +137,14 @@ class MmaSync(Design):
         )
 
     def candidates(self, spec: Spec, arch: Arch) -> list[MmaSyncTiles]:
-        """A shallow and a deep ring, and half-height KV tiles."""
+        """A shallow and a deep ring, half-height KV tiles, and the deepest ring of 16-row tiles that
+        fits (decode: a request's H rows fill a 16-row tile, half the MMA work of 32; on the H200
+        decode B32 L131072 ran 1146 us against 1272-1321 at 32 rows, bench/NOTES.md v67)."""
         v = _scales_in_v(spec, arch)
-        return [MmaSyncTiles(32, 32, 2, s, scales_in_v=v) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4, scales_in_v=v)]
+        short = [t for t in (MmaSyncTiles(16, 32, 1, s, scales_in_v=v) for s in (4, 3, 2))
+                 if t.smem_bytes(spec) <= arch.smem_per_block]
+        return ([MmaSyncTiles(32, 32, 2, s, scales_in_v=v) for s in (2, 4)] + [MmaSyncTiles(32, 16, 2, 4, scales_in_v=v)]
+                + short[:1])
 
     def tile_box(self, spec: Spec, tiles: MmaSyncTiles) -> TileBox | None:
         """Each CTA's slice of a tile (BN / cluster staged rows, padding included) where pages hold
