@@ -3,9 +3,10 @@ tensor copies (templates/attention.cuh stage_range, wgmma_ring.cuh wg_produce; d
 kernels).
 
 The map is 2-D: 8-byte elements along a row (row_bytes / 8 of them), slots along the other axis.
-Its box (kgen.designs.base.TileBox) is `rows` slots by box_bytes / 8 elements: a staged row (the
-mma.sync loop's), the cache row and its padding, which the copy fills with zeros (box columns past
-the row's end are out of bounds); or, swizzled, one 128-byte column block (the sm_90 loops' ring,
+Its box (kgen.designs.base.TileBox) is `rows` slots by box_bytes / 8 elements from a row's start: a
+staged row (the mma.sync loop's), the cache row and its padding, which the copy fills with zeros (box
+columns past the row's end are out of bounds), or the part of an fp8 row the sm_90 loops' producer
+converts (a DSA row's latent); or, swizzled, one 128-byte column block (the sm_90 loops' bf16 ring,
 one copy per block). A map names the cache's address, so each layer has its own; a server passes the
 same few caches every step, so maps are made once per (address, slots, box) and kept (`TileMaps`,
 bounded).
@@ -26,11 +27,11 @@ _MAPS_KEPT = 1024  # maps a process keeps: every layer of a few models' caches
 def encode(address: int, slots: int, row_bytes: int, box_bytes: int, rows: int, swizzle128: bool = False) -> bytes:
     """The tensor map (CUtensorMap bytes) of a cache of `slots` rows of `row_bytes` at `address`,
     boxed as `rows` rows of `box_bytes` (swizzle128: 128-byte column blocks, swizzled)."""
-    fits = box_bytes == 128 and row_bytes % 128 == 0 if swizzle128 else row_bytes <= box_bytes <= 2048
+    fits = box_bytes == 128 and row_bytes % 128 == 0 if swizzle128 else box_bytes <= 2048
     if address % 16 or row_bytes % 16 or box_bytes % 16 or not fits:
         raise ValueError(f"tile map: a cache at {address:#x} with {row_bytes}-byte rows cannot be tensor-copied in "
                          f"{'swizzled ' if swizzle128 else ''}{box_bytes}-byte boxes (16-byte aligned rows; "
-                         "a staged row of at most 2048 bytes, or 128-byte column blocks)")
+                         "boxes of at most 2048 bytes from a row's start, or 128-byte column blocks)")
     if not 0 < slots < 2**31 or not 0 < rows <= 256:
         raise ValueError(f"tile map: {slots} slots in boxes of {rows} rows is outside what a tensor copy addresses")
     from cuda.bindings import driver

@@ -43,14 +43,17 @@ struct WgRing : Layout {
     static_assert(Layout::SLAB == BN * 128 && Layout::STAGE_BYTES == (D / 64) * Layout::SLAB &&
                       Layout::STAGE_BYTES % 1024 == 0,
                   "swizzled tiles of 128-byte rows start 1024-byte aligned");
-    static_assert(Layout::SMEM_BYTES >= Layout::BAR_OFF + 2 * STAGES * 8 + 1023, "barriers and alignment slack fit");
+    static constexpr int PRODUCER_BAR = 7;  // named barrier of the 128 producer threads (fp8 rows' raw stages)
+    static_assert(Layout::SMEM_BYTES >= Layout::BAR_OFF + (2 * STAGES + (KV_FP8 ? 2 : 0)) * 8 + 1023,
+                  "barriers and alignment slack fit");
     static_assert(!KV_SCALED || (KV_FP8 && Row::SCALE_OFF % 16 == 0 && Row::ROPE_OFF == Row::SCALE_OFF + 16 &&
                                  Row::ROPE_OFF % 16 == 0),
                   "DSA rows: the 4 scales are one 16-byte chunk, the rope after (copy_row_rest)");
-    // bf16 rows of a tile of consecutive slots: one tensor copy per column block (kgen/designs/wgmma.py
-    // tile_box), its 128-byte swizzle the ring's (sw128_offset), each block 1024-byte aligned.
+    // A tile of consecutive slots (kgen/designs/wgmma.py ring_tile_box): bf16 rows, one tensor copy
+    // per column block, its 128-byte swizzle the ring's (sw128_offset), each block 1024-byte aligned;
+    // fp8 rows, one copy of the tile's raw bytes into a raw stage, RAW_ROW bytes a row, unswizzled.
     static constexpr bool tile_box_ok(int rows, int box_bytes, bool swizzled) {
-        return !KV_FP8 && rows == BN && box_bytes == 128 && swizzled;
+        return rows == BN && (KV_FP8 ? box_bytes == RAW_ROW && !swizzled : box_bytes == 128 && swizzled);
     }
 };
 
@@ -120,34 +123,82 @@ __device__ __forceinline__ void convert_row(const char* raw_stage, char* stage, 
     }
 }
 
-// The producer over fp8 rows: tile t + 1's raw rows are copied while tile t is converted into the
-// ring stage the consumers freed; fenced for wgmma's reads (async proxy), then the thread arrives.
-// DSA rows: once the stage is free the rest of tile t's rows is copied into it, and a cp.async
-// arrival on the stage's barrier (tracking those copies, issued before tile t + 1's) counts too.
+// fp8 rows: raw stage r's barrier, after the ring's: a tensor copy of a whole tile's raw bytes landed.
+template <class C>
+__device__ __forceinline__ mbarrier* raw_full(char* smem, int r) {
+    return ring_full<C>(smem, 0) + 2 * C::STAGES + r;
+}
+
+// Tile `tile`'s converted rows into the ring stage the consumers freed, from raw stage `raw`;
+// fenced for wgmma's reads (async proxy), then the thread arrives. DSA rows: first the rest of the
+// rows is copied into the stage, and a cp.async arrival on its barrier (tracking those copies)
+// counts too; `then` runs between those copies and the conversion.
+template <class C, class Src, class Then>
+__device__ __forceinline__ void convert_tile(char* smem, int ring_pos, const char* raw, const Src& src, int tile,
+                                             int row, int sub, const Then& then) {
+    const int stage = ring_wait_free<C>(smem, ring_pos);
+    if constexpr (C::KV_SCALED) {  // the row's address again (its page id is in L1): fewer live registers
+        copy_row_rest<C>(smem, stage, src(tile), row, sub);
+        cp_async_arrive(ring_full<C>(smem, stage));
+    }
+    then();
+    convert_row<C>(raw, smem + stage * C::STAGE_BYTES, row, sub);
+    fence_async_shared();
+    mbar_arrive(ring_full<C>(smem, stage));
+}
+
+// The producer over fp8 rows. A range's leading whole tiles (rows of consecutive slots in one page:
+// whole_tiles_end) land in the raw stages by one tensor copy each, issued by thread 0 two tiles ahead
+// of the conversion, once every producer thread has converted the stage's previous tile (fill n of
+// the kernel, counted in raw_fills, uses raw stage n % 2); the producer threads issue no copies of
+// their own but the DSA rows' rope and scales. The other tiles: each thread copies its own chunks of
+// tile t + 1's raw rows while it converts tile t (every raw byte it reads it copied itself).
 template <class C, class Keys>
-__device__ __forceinline__ void wg_produce_fp8(char* smem, int& ring_pos, const Keys& keys, int num_keys,
-                                               int tile_begin, int tile_end) {
+__device__ __forceinline__ void wg_produce_fp8(char* smem, int& ring_pos, int& raw_fills, const Keys& keys,
+                                               int num_keys, int tile_begin, int tile_end) {
     if (tile_begin >= tile_end) return;
     const int row = threadIdx.x / C::ROW_THREADS, sub = threadIdx.x % C::ROW_THREADS;
-    auto raw_stage = [&](int tile) { return smem + C::RAW_OFF + (tile % 2) * C::RAW_STAGE_BYTES; };
+    auto raw_stage = [&](int r) { return smem + C::RAW_OFF + (r % 2) * C::RAW_STAGE_BYTES; };
     auto src = [&](int tile) {
         const PendingRow p = fetch_row<C::BN>(tile, row, num_keys, keys);
         return keys.row(p.j, p.fetched);
     };
-    copy_raw_row<C>(raw_stage(tile_begin), src(tile_begin), row, sub);
-    for (int tile = tile_begin; tile < tile_end; ++tile, ++ring_pos) {
+    int tile = tile_begin;
+    if constexpr (tiles_in_pages<Keys, C::BN>) {
+        const int whole_end = whole_tiles_end<C::BN>(keys, num_keys, tile_begin, tile_end);
+        const int fill0 = raw_fills - tile_begin;  // tile t's fill: fill0 + t
+        auto copy_whole = [&](int t) {  // thread 0
+            const PendingRow first = fetch_row<C::BN>(t, 0, num_keys, keys);
+            mbarrier* bar = raw_full<C>(smem, (fill0 + t) % 2);
+            mbar_arrive_expect_tx(bar, C::BN * C::RAW_ROW);
+            tile_copy(raw_stage(fill0 + t), keys.tile_map, 0, (int)keys.slot(first.j, first.fetched), bar);
+        };
+        if (tile < whole_end) {
+            named_barrier(C::PRODUCER_BAR, 128);  // an earlier range's conversions are done with the raw stages
+            if (threadIdx.x == 0)
+                for (int t = tile; t < min(tile + 2, whole_end); ++t) copy_whole(t);
+        }
+        for (; tile < whole_end; ++tile, ++ring_pos) {
+            const int fill = fill0 + tile;
+            mbar_wait(raw_full<C>(smem, fill % 2), (fill / 2) & 1);
+            convert_tile<C>(smem, ring_pos, raw_stage(fill), src, tile, row, sub, [] {});
+            if (tile + 2 < whole_end) {
+                named_barrier(C::PRODUCER_BAR, 128);  // raw stage fill % 2 is read: tile + 2 may land there
+                if (threadIdx.x == 0) copy_whole(tile + 2);
+            }
+        }
+        raw_fills = fill0 + whole_end;
+        if (tile >= tile_end) return;
+    }
+    copy_raw_row<C>(raw_stage(tile), src(tile), row, sub);
+    for (; tile < tile_end; ++tile, ++ring_pos) {
         cp_async_wait_all();  // this thread's copies of tile
         if constexpr (!C::KV_SCALED)
             if (tile + 1 < tile_end) copy_raw_row<C>(raw_stage(tile + 1), src(tile + 1), row, sub);
-        const int stage = ring_wait_free<C>(smem, ring_pos);
-        if constexpr (C::KV_SCALED) {  // the row's address again (its page id is in L1): fewer live registers
-            copy_row_rest<C>(smem, stage, src(tile), row, sub);
-            cp_async_arrive(ring_full<C>(smem, stage));
-            if (tile + 1 < tile_end) copy_raw_row<C>(raw_stage(tile + 1), src(tile + 1), row, sub);
-        }
-        convert_row<C>(raw_stage(tile), smem + stage * C::STAGE_BYTES, row, sub);
-        fence_async_shared();
-        mbar_arrive(ring_full<C>(smem, stage));
+        convert_tile<C>(smem, ring_pos, raw_stage(tile), src, tile, row, sub, [&] {
+            if constexpr (C::KV_SCALED)
+                if (tile + 1 < tile_end) copy_raw_row<C>(raw_stage(tile + 1), src(tile + 1), row, sub);
+        });
     }
 }
 
@@ -200,6 +251,8 @@ __device__ __forceinline__ char* wg_setup(char* smem_raw, int full_arrivals) {
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
     if (threadIdx.x == 0) {
         ring_init<C>(smem, full_arrivals, C::CONSUMER_WARPS);
+        if constexpr (C::KV_FP8)
+            for (int r = 0; r < 2; ++r) mbar_init(raw_full<C>(smem, r), 1);  // thread 0's expect_tx
         mbar_init_fence();
     }
     __syncthreads();
@@ -211,10 +264,10 @@ __device__ __forceinline__ char* wg_setup(char* smem_raw, int full_arrivals) {
 template <class C, class First, class SecondFn>
 __device__ __forceinline__ void wg_producer(char* smem, const First& first, const SecondFn& second_fn) {
     setmaxnreg_dec<C::PRODUCER_REGS>();
-    int ring_pos = 0;
+    int ring_pos = 0, raw_fills = 0;
     auto produce = [&](const auto& range) {
         if constexpr (C::KV_FP8)
-            wg_produce_fp8<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
+            wg_produce_fp8<C>(smem, ring_pos, raw_fills, range.keys, range.num_keys, range.tile_begin, range.tile_end);
         else
             wg_produce<C>(smem, ring_pos, range.keys, range.num_keys, range.tile_begin, range.tile_end);
     };

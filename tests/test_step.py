@@ -571,14 +571,15 @@ def test_the_mma_sync_loop_boxes_a_slice_of_staged_rows_where_pages_hold_whole_t
     assert box == (TileBox(rows, 1168) if rows else None)
 
 
-@pytest.mark.parametrize("spec_name, page, boxed", [
-    ("glm5_sm120", 64, True), ("glm5_sm120", 1, False), ("glm5_sm120", 16, False),
-    ("glm5_fp8_sm120", 64, False),  # fp8 rows go through the producer's conversion
+@pytest.mark.parametrize("spec_name, page, box", [
+    ("glm5_sm120", 64, TileBox(32, 128, swizzle128=True)), ("glm5_sm120", 1, None), ("glm5_sm120", 16, None),
+    ("glm5_fp8_sm120", 64, TileBox(32, 576)), ("glm5_fp8_sm120", 16, None),  # fp8 rows: a raw tile, converted
+    ("glm5_dsa_fp8_sm120", 64, TileBox(32, 512)),  # the DSA rows' latent (their scales and rope are copied)
 ])
-def test_the_sm90_rings_box_swizzled_column_blocks_of_bf16_tiles_within_pages(spec_name, page, boxed):
+def test_the_sm90_rings_box_bf16_column_blocks_or_raw_fp8_tiles_within_pages(spec_name, page, box):
     spec = with_page(spec_name, page)
-    for design, tiles in ((seesaw_design.DESIGN, SeesawTiles()), (wgmma_design.DESIGN, WgmmaTiles(bn=32, stages=4))):
-        assert design.tile_box(spec, tiles) == (TileBox(32, 128, swizzle128=True) if boxed else None)
+    for design, tiles in ((seesaw_design.DESIGN, SeesawTiles(stages=3)), (wgmma_design.DESIGN, WgmmaTiles(bn=32, stages=3))):
+        assert design.tile_box(spec, tiles) == box
 
 
 def test_tile_maps_are_checked_before_the_driver_is_asked():
@@ -586,5 +587,7 @@ def test_tile_maps_are_checked_before_the_driver_is_asked():
         tilemap.encode(0x1008, 100, 1152, 1168, 32)  # an address the copy engine cannot start at
     with pytest.raises(ValueError, match="cannot be tensor-copied"):
         tilemap.encode(0x1000, 100, 1152, 256, 32, swizzle128=True)  # the swizzle spans 128 bytes
+    with pytest.raises(ValueError, match="cannot be tensor-copied"):
+        tilemap.encode(0x1000, 100, 656, 2064, 32)  # a box is at most 2048 bytes (256 elements)
     with pytest.raises(ValueError, match="outside what a tensor copy addresses"):
         tilemap.encode(0x1000, 2**31, 1152, 1168, 32)

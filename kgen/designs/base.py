@@ -26,7 +26,8 @@ from ..spec import Spec
 class TileBox:
     """How a design stages a KV tile of consecutive slots with tensor copies (kgen/tilemap.py makes
     the cache's map): `rows` rows a copy (a CTA's slice of the tile), each `box_bytes` of the row
-    from its start — a staged row, its padding past the cache row landing as zeros — or, swizzled
+    from its start — a staged row, its padding past the cache row landing as zeros, or the part of
+    an fp8 row a converting producer reads (raw bytes) — or, swizzled
     (`swizzle128`), one 128-byte column block a copy, in the 128-byte swizzle wgmma reads."""
 
     rows: int

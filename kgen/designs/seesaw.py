@@ -16,7 +16,8 @@ from typing import ClassVar
 from ..arch import Arch
 from ..spec import Spec
 from .base import Design, TileBox, TileWork, check
-from .wgmma import ALIGN_SLACK, BM, SLAB_ROW, converted_rows, deepest_ring, ring_config, ring_tile_box, wgmma_tile_work
+from .wgmma import (ALIGN_SLACK, BM, SLAB_ROW, converted_rows, deepest_ring, ring_barriers, ring_config, ring_tile_box,
+                    wgmma_tile_work)
 
 Q_REG_STEPS = 8  # Q·K's last k16 steps (the rope, and the latent's last 64 dims) read Q from registers
 Q_REG_STEPS_SCALED = 4  # the DSA rows': the rope (their Q·K's latent steps are the 4 scale blocks)
@@ -53,7 +54,7 @@ class SeesawTiles:
         p_off = q_off + q_slabs * tile
         row_off = p_off + 2 * tile
         bar_off = row_off + ROW_VALUES * BM * 4
-        end = bar_off + 2 * self.stages * 8
+        end = bar_off + ring_barriers(spec, self.stages) * 8
         layout = {"Q_REG_STEPS": q_reg_steps, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                   "Q_SMEM_OFF": q_off, "Q_SLAB": tile, "P_OFF": p_off, "P_TILE": tile, "ROW_OFF": row_off,
                   "BAR_OFF": bar_off}

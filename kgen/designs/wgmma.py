@@ -26,13 +26,25 @@ FP8_PRODUCER_OPS = 2.5  # SASS instructions per converted e4m3 element (unpack, 
 SCALE_BLOCKS = 4  # the DSA row's block scales (512 latent dims / 128)
 
 
+def raw_row_bytes(spec: Spec) -> int:
+    """Bytes of a KV row an fp8 raw stage holds: what the producer converts (DSA rows: the latent,
+    the row's first value_dim bytes; per-tensor rows: all of it)."""
+    return spec.model.value_dim if spec.cache.per_block else kvrows.row_bytes(spec)
+
+
+def ring_barriers(spec: Spec, stages: int) -> int:
+    """The ring's mbarriers: full and empty per stage, and for fp8 rows one per raw stage (its tensor
+    copy landed: templates/wgmma_ring.cuh raw_full)."""
+    return 2 * stages + (2 if spec.cache.kv_dtype != "bfloat16" else 0)
+
+
 def converted_rows(spec: Spec, bn: int, stages: int, layout: dict[str, int], end: int) -> int:
     """What the sm_90 loops' converting producer (templates/wgmma_ring.cuh) adds to a layout from byte
     `end` on, for fp8 rows: two raw stages of BN rows' e4m3 bytes (RAW_OFF, RAW_STAGE_BYTES; DSA rows:
     their latent), and for the DSA pool's rows each ring stage's block scales (SCALE_OFF, [BN][block]
     fp32). Returns the layout's new end."""
     if spec.cache.kv_dtype != "bfloat16":
-        raw_row = spec.model.value_dim if spec.cache.per_block else kvrows.row_bytes(spec)
+        raw_row = raw_row_bytes(spec)
         raw_stage = -(-(bn * raw_row) // 128) * 128
         end = -(-end // 128) * 128
         layout.update(RAW_OFF=end, RAW_STAGE_BYTES=raw_stage)
@@ -44,12 +56,16 @@ def converted_rows(spec: Spec, bn: int, stages: int, layout: dict[str, int], end
 
 
 def ring_tile_box(spec: Spec, tiles: Tiles) -> TileBox | None:
-    """The sm_90 loops' ring over bf16 rows where pages hold whole tiles: each tile one tensor copy
-    per 128-byte column block, swizzled as the ring is (WgRing::tile_box_ok: the same rule). fp8 rows
-    go through the producer's conversion and keep their row copies."""
-    row = kvrows.row_bytes(spec)
-    whole = spec.cache.kv_dtype == "bfloat16" and spec.cache.page_size % tiles.bn == 0 and row % 128 == 0
-    return TileBox(tiles.bn, 128, swizzle128=True) if whole else None
+    """The sm_90 loops' tensor copies where pages hold whole tiles (WgRing::tile_box_ok: the same
+    rule): bf16 rows, each tile one copy per 128-byte column block into the ring, swizzled as the ring
+    is; fp8 rows, each tile's raw bytes (raw_row_bytes of each row) one unswizzled copy into a raw
+    stage, which the producer converts (bench/NOTES.md v68)."""
+    if spec.cache.page_size % tiles.bn:
+        return None
+    if spec.cache.kv_dtype == "bfloat16":
+        return TileBox(tiles.bn, 128, swizzle128=True) if kvrows.row_bytes(spec) % 128 == 0 else None
+    raw = raw_row_bytes(spec)
+    return TileBox(tiles.bn, raw) if raw % 16 == 0 and raw // 8 <= 256 else None
 
 
 def ring_config(spec: Spec, tiles, what: str, config: str) -> str:
@@ -102,7 +118,7 @@ class WgmmaTiles:
         x_off = q_off + q_slabs * q_slab
         # the score exchange: [tile parity][consumer][BM x BN] fp32; DSA rows: one BM x BN buffer
         bar_off = x_off + (1 if spec.cache.per_block else 4) * BM * self.bn * 4
-        end = bar_off + 2 * self.stages * 8
+        end = bar_off + ring_barriers(spec, self.stages) * 8
         layout = {"Q_REG_STEPS": q_reg_steps, "Q_SLABS": q_slabs, "SLAB": slab, "STAGE_BYTES": stage_bytes,
                   "Q_SMEM_OFF": q_off, "Q_SLAB": q_slab, "X_OFF": x_off, "BAR_OFF": bar_off}
         end = converted_rows(spec, self.bn, self.stages, layout, end)
