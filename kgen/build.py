@@ -102,23 +102,16 @@ def build_variant(variant: Variant, arch: str, cache: KernelCache, inspect: bool
             kept.parent.mkdir(parents=True, exist_ok=True)
             kept.write_text(source)
             raise CompileError(f"{variant.name} for {arch}: {e}\n(rendered source kept at {kept})") from None
-        r = out.report
-        return out.cubin, source, {
-            "variant_id": variant.variant_id, "arch": arch, "nvrtc": nvrtc.nvrtc_version(),
-            "registers": r.registers, "spill_stores": r.spill_stores, "spill_loads": r.spill_loads,
-            "stack_bytes": r.stack_bytes, "static_smem": r.static_smem, "log": out.log,
-        }
+        # the log is the resource report's one source: parsed again on every load (below)
+        return out.cubin, source, {"variant_id": variant.variant_id, "arch": arch, "nvrtc": nvrtc.nvrtc_version(),
+                                   "log": out.log}
 
     try:
         entry, status = cache.get_or_build(key, compile_)
     except CacheMissError as e:  # name the kernel, not its hash
         raise CacheMissError(f"kernel {variant.name} ({variant.tag}) for {arch} is {e}; build it first "
                              f"(kgen build SPEC --arch {arch}, same KGEN_CACHE_DIR) or unset KGEN_DISABLE_JIT") from None
-    m = entry.meta
-    report = nvrtc.ResourceReport(registers=m["registers"], spill_stores=m["spill_stores"],
-                                  spill_loads=m["spill_loads"], stack_bytes=m["stack_bytes"],
-                                  static_smem=m["static_smem"],
-                                  wgmma_serialized=nvrtc.wgmma_serialized(m.get("log", ""), variant.variant_id))
+    report = nvrtc.parse_report(entry.meta["log"], variant.variant_id)
     counts = sass_counts(cache, entry) if inspect else None
     return BuiltKernel(variant, arch, entry.cubin, report, status, time.perf_counter() - start, counts, key)
 
