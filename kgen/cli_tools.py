@@ -151,6 +151,9 @@ def tune_cmd(
 
             here = arch_for_capability(*torch.cuda.get_device_capability()).name
         if arch and arch != here:
+            if prefixes:
+                raise KgenError("--buckets picks the shape buckets kgen tune times on the GPU present; --arch "
+                                f"{arch} ranks the tilings by the model over the whole grid: give one of the two")
             _rank_by_model(spec, get_arch(arch), as_json)
             return
         if here is None:

@@ -182,6 +182,7 @@ def test_an_unwritable_cache_dir_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [(["tune", SPEC, "--budget-s", "-5"], "--budget-s"),
                                           (["tune", SPEC, "--buckets", "decode,deocde"], "starts with 'deocde'"),
+                                          (["tune", SPEC, "--buckets", "decode", "--arch", "sm_120"], "give one of the two"),
                                           (["bench", SPEC, "--heads", "8,x"], "--heads"),
                                           (["build", SPEC, "--arch", "sm_80"], "known: sm_120, sm_90"),
                                           (["build", SPEC, "--bogus"], "--bogus"),
