@@ -165,8 +165,10 @@ def tune_cmd(
 
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console) as bar:
             task = bar.add_task(f"tuning {spec.name}", total=len(todo))
+            tuned = []  # the buckets timed before the budget ran out
 
             def done(bucket, r):
+                tuned.append(bucket)
                 bar.advance(task)
                 bar.console.print(f"{bucket.key:20s} " + "  ".join(f"{t} {us:.1f}" for t, us in sorted(r["times"].items()))
                                   + f"  noise {100 * r['noise']:.1f}% -> {r['chosen']}", highlight=False, markup=False)
@@ -183,7 +185,7 @@ def tune_cmd(
                             f"write") from None
     except KgenError as e:
         fail(e)
-    console.print(f"{len(todo)} of {len(buckets())} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
+    console.print(f"{len(tuned)} of {len(buckets())} buckets tuned for {spec.name} on {table.device} ({table.arch}): {path}",
                   markup=False)
 
 
