@@ -4,9 +4,10 @@ the validation table and the sm_120 predictions.
     python -m bench.model_table MEASUREMENTS.json [...] [--fit] [--spec NAME=PATH ...]
 
 MEASUREMENTS are bench.model_validate outputs (plan variants x shapes, maybe ncu counters),
-bench.run results (the grid, with the spec's sm_120 plan) or bench.dsa_rows results (the sm_90
-plan's loops over each row format, tree keys as stored). All were measured on an H200: each
-row is modeled on sm_90 with the plan it ran. --spec maps a bench.run spec name to the spec file
+bench.run results (the grid, each row with the tiling its plan chose for it: the tuned table's
+bucket or the heuristic; files older than bench.run's "plans" record ran the spec's sm_120 plan)
+or bench.dsa_rows results (the sm_90 plan's loops over each row format, tree keys as stored).
+All were measured on an H200: each row is modeled on sm_90 with the plan it ran. --spec maps a bench.run spec name to the spec file
 that now describes what ran (the fp8 runs of 2026-11-29 ran e4m3 MMAs: glm5_fp8_sm120 =
 specs/glm5_fp8_mma_e4m3_sm120.yaml). --fit refits the calibration (each variant weighs the same:
 the mean squared log error) and writes kgen/model_calibration.json. Always writes
@@ -22,8 +23,10 @@ import json
 import math
 import sys
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
+
+from kgen.model import terms_of
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "performance_model.md"
@@ -59,6 +62,37 @@ def ran_tiles(spec, plan_for: str | None, recorded, shape=None):
     return None
 
 
+STORED_TREE_KEYS_SINCE = "20261201-131511"  # bench.run's calls pass tree keys as stored from cab3587 on
+
+
+def stored_tree_keys(data: dict) -> bool:
+    """Whether a bench.run result's verify calls were given the tree keys as the cache stores them (so
+    an fp8 call paid no quantization of bf16 keys): recorded since the twenty-ninth session, and true
+    of every run from the commit that made bench.run pass them."""
+    if "tree_keys" in data:
+        return data["tree_keys"] == "as the cache stores them"
+    return "plans" in data and data.get("timestamp", "") >= STORED_TREE_KEYS_SINCE
+
+
+def grid_tiles(spec, recorded: dict | None, shape):
+    """(plan_for, tiling) of a bench.run row: where the run recorded its plan (bench.run's "plans":
+    its arch, and whether a tuned table was found), the tiling the runtime chose for the row's batch
+    (kgen.choice.PlanChoice: the table's bucket, else the heuristic fitted to the batch on the H200
+    these files were measured on); else the spec's sm_120 plan (the 2026-11-29 grid runs)."""
+    from kgen.arch import get_arch
+    from kgen.choice import PlanChoice
+
+    if not recorded:
+        return None, None
+    arch = get_arch(recorded["arch"])
+    choice = PlanChoice.find(spec, arch, cubin_arch=get_arch("sm_90"))
+    if bool(recorded.get("tuned")) != (choice.table is not None):
+        raise SystemExit(f"{spec.name}: the run {'had' if recorded.get('tuned') else 'had no'} tuned table, this "
+                         f"checkout {'has one' if choice.table else 'has none'}: its rows' tilings are unknown")
+    pages = -(-shape.L // shape.page_size) * shape.page_size * shape.B
+    return recorded["arch"], choice.tiles_for(shape.T * shape.B, shape.B, pages, shape.H)
+
+
 def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
     """Measured rows: {variant, source, spec, plan_for, tiles, shape, shape_name, us, ncu?}."""
     import kgen
@@ -80,14 +114,16 @@ def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
                 # plan_for None: the GPU's own plan, and the rows are measured on the H200
                 plan_for = r["plan_for"] or "sm_90"
                 tiles = ran_tiles(spec, plan_for, r["tiles"], shape=shape)
-            else:  # bench.run: the spec's sm_120 plan over the grid
+            else:  # bench.run: the grid, with the plan it records (older files: the spec's sm_120 plan)
                 base = kgen.load_spec(specs.get(data["spec"], ROOT / data["spec_path"]))
-                spec, variant, plan_for = spec_for(base, r["H"], r["T"], r["page_size"]), f"{base.name} grid", None
-                tiles = None
+                spec, variant = spec_for(base, r["H"], r["T"], r["page_size"]), f"{base.name} grid"
+                plan_for, tiles = grid_tiles(spec, data.get("plans", {}).get(spec.name), shape)
+                shape = replace(shape, stored_tree=stored_tree_keys(data))
             if not modeled(plan(spec, plan_for, tiles).tiles):
                 continue  # measured, but no model of that loop yet (the wgmma loop)
             rows.append({"variant": variant, "source": path.name, "spec": spec, "plan_for": plan_for,
-                         "tiles": tiles, "shape": shape, "shape_name": r.get("shape"), "us": r["us"],
+                         "tiles": tiles, "shape": shape,
+                         "shape_name": r.get("shape") or f"B{r['B']}_L{r['L']}_T{r['T']}_H{r['H']}", "us": r["us"],
                          "ncu": r.get("ncu")})
     return rows
 
@@ -120,7 +156,7 @@ def design_params(cs) -> list[str]:
     at least MIN_DESIGN_PAIRS of the pairs."""
     from kgen.model import DESIGN_TERMS
 
-    ran = Counter(c.plan.tiles.design for c in cs)
+    ran = Counter(terms_of(c.plan.tiles) for c in cs)
     # a design's own terms move only on enough of its pairs: a tuned table's odd bucket (e.g. two
     # DRAM-bound decode rows) cannot tell its overlap from its barrier cost
     others = sorted(d for d, n in ran.items() if d != "mma_sync" and n >= MIN_DESIGN_PAIRS)
@@ -154,7 +190,7 @@ def loss(rows, cs, x) -> float:
     """Mean squared log error, each variant weighing the same."""
     per: dict[str, list[float]] = {}
     for r, c in zip(rows, cs):
-        per.setdefault(r["variant"], []).append(math.log(c.predict(cal_of(x, c.plan.tiles.design)).us / r["us"]) ** 2)
+        per.setdefault(r["variant"], []).append(math.log(c.predict(cal_of(x, terms_of(c.plan.tiles))).us / r["us"]) ** 2)
     return sum(sum(v) / len(v) for v in per.values()) / len(per)
 
 
@@ -185,7 +221,7 @@ def evaluate(rows, cs, x: dict, holdout: set[str]) -> list[dict]:
 
     out = []
     for r, c in zip(rows, cs):
-        p = c.predict(cal_of(x, c.plan.tiles.design))
+        p = c.predict(cal_of(x, terms_of(c.plan.tiles)))
         s = r["shape"]
         row = {"variant": r["variant"], "source": r["source"], "spec": r["spec"].name, "plan_for": r["plan_for"],
                "tiles": tiles_text(c.plan.tiles), "design": c.plan.tiles.design,
@@ -211,7 +247,7 @@ def cross_validate(rows, cs, x: dict, designs_only: bool, table: list[dict]) -> 
         y = fit([rows[i] for i in keep], [cs[i] for i in keep], x, designs_only)
         for i, (r, c) in enumerate(zip(rows, cs)):
             if r["shape_name"] == name:
-                table[i]["cv_error_pct"] = error_pct(c.predict(cal_of(y, c.plan.tiles.design)).us, r["us"])
+                table[i]["cv_error_pct"] = error_pct(c.predict(cal_of(y, terms_of(c.plan.tiles))).us, r["us"])
     return {**summary(table, "cv_error_pct"), "shapes": [str(n) for n in names]}
 
 
@@ -258,7 +294,7 @@ def sm120_predictions(x: dict) -> dict[str, list[dict]]:
         tiles = OverlapTiles() if name in out else None
         shapes = grid(spec) + [Shape(spec.model.num_q_heads, 1, s.L, s.B) for s in grid(spec) if s.T == 16]
         cs = [call(spec, s, "sm_120", tiles=tiles) for s in shapes]
-        out[f"{name} overlap loop" if tiles else name] = [c.predict(cal_of(x, c.plan.tiles.design)).row() for c in cs]
+        out[f"{name} overlap loop" if tiles else name] = [c.predict(cal_of(x, terms_of(c.plan.tiles))).row() for c in cs]
     return out
 
 
@@ -355,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     cs = calls(rows)
     from kgen import designs
 
-    x = params_of({d.name: model.calibration(d.name) for d in designs.DESIGNS if d.modeled})
+    terms = [d.name for d in designs.DESIGNS if d.modeled] + [model.ROW_TILE_16_TERMS]
+    x = params_of({t: model.calibration(t) for t in terms})
     if a.fit:
         fitted = [(r, c) for r, c in zip(rows, cs) if r["shape_name"] not in holdout]
         x = fit([r for r, _ in fitted], [c for _, c in fitted], x, a.designs_only)

@@ -40,6 +40,7 @@ VARIANTS = {
     "wgmma4_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_90", "wgmma:32,4,1"),
     "seesaw4_tp4": ("specs/glm5_tp4_sm120.yaml", "sm_90", "seesaw:32,4,1"),
     "sm90_mma4": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:32,32,2,4,1"),
+    "mma16": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:16,32,1,4,1"),  # decode's 16-row tiles (v67)
     "bn16": ("specs/glm5_sm120.yaml", "sm_120", "mma_sync:32,16,2,4,1"),
     "stages3": ("specs/glm5_sm120.yaml", "sm_90", "mma_sync:32,32,2,3,1"),
     "overlap": ("specs/glm5_sm120.yaml", "sm_120", "overlap:16,4,1,1"),  # the overlap loop, Q·K a tile ahead
@@ -65,6 +66,7 @@ SHAPES = {
     "h16_b16_t33": (16, 33, 32768, 16),
     "memory": (8, 1, 131072, 1),
     "memory_b32": (8, 1, 32768, 32),
+    "memory_b32_long": (8, 1, 131072, 32),
     "small": (8, 16, 4096, 1),
     "small_decode": (8, 1, 4096, 1),
 }
