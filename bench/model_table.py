@@ -7,9 +7,9 @@ MEASUREMENTS are bench.model_validate outputs (plan variants x shapes, maybe ncu
 bench.run results (the grid, each row with the tiling its plan chose for it: the tuned table's
 bucket or the heuristic; files older than bench.run's "plans" record ran the spec's sm_120 plan)
 or bench.dsa_rows results (the sm_90 plan's loops over each row format, tree keys as stored).
-All were measured on an H200: each row is modeled on sm_90 with the plan it ran. --spec maps a bench.run spec name to the spec file
-that now describes what ran (the fp8 runs of 2026-11-29 ran e4m3 MMAs: glm5_fp8_sm120 =
-specs/glm5_fp8_mma_e4m3_sm120.yaml). --fit refits the calibration (each variant weighs the same:
+All were measured on an H200: each row is modeled on sm_90 with the plan it ran. --spec maps a
+bench.run spec name to the spec file that now describes what ran (the fp8 runs of 2026-11-29 ran
+e4m3 MMAs: glm5_fp8_sm120 = specs/glm5_fp8_mma_e4m3_sm120.yaml). --fit refits the calibration (each variant weighs the same:
 the mean squared log error) and writes kgen/model_calibration.json. Always writes
 bench/results/model_validation.json (every pair) and the generated part of
 docs/performance_model.md (validation summary, the required pairs, ncu against the model, and
@@ -81,6 +81,7 @@ def grid_tiles(spec, recorded: dict | None, shape):
     these files were measured on); else the spec's sm_120 plan (the 2026-11-29 grid runs)."""
     from kgen.arch import get_arch
     from kgen.choice import PlanChoice
+    from kgen.splitkv import ceil_div
 
     if not recorded:
         return None, None
@@ -89,8 +90,8 @@ def grid_tiles(spec, recorded: dict | None, shape):
     if bool(recorded.get("tuned")) != (choice.table is not None):
         raise SystemExit(f"{spec.name}: the run {'had' if recorded.get('tuned') else 'had no'} tuned table, this "
                          f"checkout {'has one' if choice.table else 'has none'}: its rows' tilings are unknown")
-    pages = -(-shape.L // shape.page_size) * shape.page_size * shape.B
-    return recorded["arch"], choice.tiles_for(shape.T * shape.B, shape.B, pages, shape.H)
+    capacity = ceil_div(shape.L, shape.page_size) * shape.page_size * shape.B  # the batch's prefix pages' slots
+    return recorded["arch"], choice.tiles_for(shape.T * shape.B, shape.B, capacity, shape.H)
 
 
 def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:
@@ -167,12 +168,14 @@ def bounds(name: str) -> tuple[float, float]:
     return BOUNDS[name.split(":")[-1]]
 
 
-def cal_of(x: dict, design: str):
-    """The Calibration a design sees from the flat parameters x."""
+def cal_of(x: dict, tiles):
+    """The Calibration a tiling's calls see from the flat parameters x: the shared terms and those of
+    its term set (kgen.model.terms_of: its design's, or the 16-row tiles' own)."""
     from kgen.model import Calibration
 
+    own = terms_of(tiles) + ":"
     return Calibration(**{**{k: v for k, v in x.items() if ":" not in k},
-                          **{k.split(":")[1]: v for k, v in x.items() if k.startswith(design + ":")}})
+                          **{k.split(":")[1]: v for k, v in x.items() if k.startswith(own)}})
 
 
 def params_of(design_cals: dict) -> dict:
@@ -190,7 +193,7 @@ def loss(rows, cs, x) -> float:
     """Mean squared log error, each variant weighing the same."""
     per: dict[str, list[float]] = {}
     for r, c in zip(rows, cs):
-        per.setdefault(r["variant"], []).append(math.log(c.predict(cal_of(x, terms_of(c.plan.tiles))).us / r["us"]) ** 2)
+        per.setdefault(r["variant"], []).append(math.log(c.predict(cal_of(x, c.plan.tiles)).us / r["us"]) ** 2)
     return sum(sum(v) / len(v) for v in per.values()) / len(per)
 
 
@@ -221,7 +224,7 @@ def evaluate(rows, cs, x: dict, holdout: set[str]) -> list[dict]:
 
     out = []
     for r, c in zip(rows, cs):
-        p = c.predict(cal_of(x, terms_of(c.plan.tiles)))
+        p = c.predict(cal_of(x, c.plan.tiles))
         s = r["shape"]
         row = {"variant": r["variant"], "source": r["source"], "spec": r["spec"].name, "plan_for": r["plan_for"],
                "tiles": tiles_text(c.plan.tiles), "design": c.plan.tiles.design,
@@ -247,7 +250,7 @@ def cross_validate(rows, cs, x: dict, designs_only: bool, table: list[dict]) -> 
         y = fit([rows[i] for i in keep], [cs[i] for i in keep], x, designs_only)
         for i, (r, c) in enumerate(zip(rows, cs)):
             if r["shape_name"] == name:
-                table[i]["cv_error_pct"] = error_pct(c.predict(cal_of(y, terms_of(c.plan.tiles))).us, r["us"])
+                table[i]["cv_error_pct"] = error_pct(c.predict(cal_of(y, c.plan.tiles)).us, r["us"])
     return {**summary(table, "cv_error_pct"), "shapes": [str(n) for n in names]}
 
 
@@ -294,7 +297,7 @@ def sm120_predictions(x: dict) -> dict[str, list[dict]]:
         tiles = OverlapTiles() if name in out else None
         shapes = grid(spec) + [Shape(spec.model.num_q_heads, 1, s.L, s.B) for s in grid(spec) if s.T == 16]
         cs = [call(spec, s, "sm_120", tiles=tiles) for s in shapes]
-        out[f"{name} overlap loop" if tiles else name] = [c.predict(cal_of(x, terms_of(c.plan.tiles))).row() for c in cs]
+        out[f"{name} overlap loop" if tiles else name] = [c.predict(cal_of(x, c.plan.tiles)).row() for c in cs]
     return out
 
 

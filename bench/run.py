@@ -482,7 +482,8 @@ def run(spec_path, *, quick: bool = False, page_size: int | None = None, heads=H
     result = dict(spec=base.name, spec_path=str(spec_path), device=props.name, sm_count=props.multi_processor_count,
                   timestamp=stamp, torch=torch.__version__, python=platform.python_version(), kgen=kgen.__version__,
                   timing="cuda-graph replay over rotated input sets" if graph else "eager over rotated input sets",
-                  tree_keys="as the cache stores them", triton_baseline=triton_from, triton_note=triton_note, ceilings=ceilings.as_dict(),
+                  tree_keys="as the cache stores them", triton_baseline=triton_from, triton_note=triton_note,
+                  ceilings=ceilings.as_dict(),
                   plan_arch=plan_arch, flashinfer_peer=peer_mod.flashinfer_for(arch), peers={}, cross_check=[],
                   peer_check=[], rows=[], skipped=[])
     active = []

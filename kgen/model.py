@@ -96,6 +96,9 @@ def calibration(design: str = "mma_sync") -> Calibration:
 DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency")
 
 
+ROW_TILE_16_TERMS = "mma_sync16"  # terms_of's name for the 16-row mma.sync tiles' terms
+
+
 def terms_of(tiles) -> str:
     """Whose DESIGN_TERMS a tiling's calls use: its loop design's, but the mma.sync loop's 16-row tiles
     (decode's, bench/NOTES.md v67: one row block a CTA, one warp of rows) have their own. On the H200
@@ -104,9 +107,6 @@ def terms_of(tiles) -> str:
     moved the sm_120 plans' predictions on no measurement of theirs (bench/NOTES.md, the
     twenty-ninth session's refit)."""
     return ROW_TILE_16_TERMS if tiles.design == "mma_sync" and tiles.bm == 16 else tiles.design
-
-
-ROW_TILE_16_TERMS = "mma_sync16"  # terms_of's name for the 16-row mma.sync tiles' terms
 
 
 def validation() -> str:
