@@ -57,7 +57,7 @@ def ran_tiles(spec, plan_for: str | None, recorded, shape=None):
     if recorded:
         return MmaSyncTiles(*recorded)
     table = find_table(spec, plan(spec, plan_for).arch.name) if shape else None
-    if table and (tuned := table.tiles_for(Bucket.of(shape.T * shape.B, shape.B, shape.L * shape.B))):
+    if table and (tuned := table.tiles_for(Bucket.of(shape.T * shape.B, shape.B, shape.context_tokens))):
         return tuned
     return None
 
@@ -81,7 +81,6 @@ def grid_tiles(spec, recorded: dict | None, shape):
     these files were measured on); else the spec's sm_120 plan (the 2026-11-29 grid runs)."""
     from kgen.arch import get_arch
     from kgen.choice import PlanChoice
-    from kgen.splitkv import ceil_div
 
     if not recorded:
         return None, None
@@ -90,8 +89,7 @@ def grid_tiles(spec, recorded: dict | None, shape):
     if bool(recorded.get("tuned")) != (choice.table is not None):
         raise SystemExit(f"{spec.name}: the run {'had' if recorded.get('tuned') else 'had no'} tuned table, this "
                          f"checkout {'has one' if choice.table else 'has none'}: its rows' tilings are unknown")
-    capacity = ceil_div(shape.L, shape.page_size) * shape.page_size * shape.B  # the batch's prefix pages' slots
-    return recorded["arch"], choice.tiles_for(shape.T * shape.B, shape.B, capacity, shape.H)
+    return recorded["arch"], choice.tiles_for(shape.T * shape.B, shape.B, shape.context_tokens, shape.H)
 
 
 def load_rows(paths: list[Path], specs: dict[str, Path]) -> list[dict]:

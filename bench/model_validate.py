@@ -191,6 +191,15 @@ def profile(variant: str, shape: str) -> None:
     torch.cuda.synchronize()
 
 
+def step_tiles(choice, spec, shape: tuple[int, int, int, int]):
+    """The tiling a prepared step of `shape` (H, T, L, B) runs: its bucket's tuned tiling, else the
+    plan fitted to the batch (kgen.choice.PlanChoice, as the step picks it)."""
+    from kgen.model import Shape
+
+    h, t, length, b = shape
+    return choice.tiles_for(t * b, b, Shape(h, t, length, b, spec.cache.page_size).context_tokens, h)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.model_validate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_validate.json")
@@ -242,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             if h != mod.spec.model.num_q_heads:
                 continue  # a shape of the other head count's variants
             us, sets = time_shape(mod, SHAPES[name], gen)
-            ran = mod.choice.tiles_for(t * b, b, length * b)  # the bucket's tuned tiling, else the plan's
+            ran = step_tiles(mod.choice, mod.spec, SHAPES[name])
             row = {"variant": variant, "spec_path": path, "plan_for": plan_for, "tiles": designs.text(ran),
                    "shape": name, "H": h, "T": t, "L": length, "B": b, "page_size": mod.spec.cache.page_size,
                    "mode": "decode" if t == 1 else "verify", "us": us, "sets": sets}

@@ -26,6 +26,12 @@ class Shape:
     def decode(self) -> bool:
         return self.T == 1
 
+    @property
+    def context_tokens(self) -> int:
+        """The batch's prefix capacity as a step sees it (kv_indices pages x page size): what picks
+        its tuned bucket."""
+        return ceil_div(self.L, self.page_size) * self.page_size * self.B
+
 
 @dataclass(frozen=True)
 class Item:

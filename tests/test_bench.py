@@ -315,3 +315,21 @@ def test_model_validate_times_prepared_steps_as_bench_run_does():
     decode()
     assert ran == [("verify", (x.q, "cache", "stored"), {"kv_scale": 0.5}),
                    ("prefix", (x.q, "cache"), {"kv_scale": 0.5})]
+
+
+def test_model_validate_records_the_tiling_each_step_ran():
+    """Each timed row records the tiling its prepared step ran: the shape's bucket in the spec's tuned
+    table (its prefix capacity counted in whole pages, as a step counts kv_indices), else the plan
+    fitted to the batch."""
+    from bench.model_validate import SHAPES, step_tiles
+    from kgen.arch import get_arch
+    from kgen.choice import PlanChoice
+    from kgen.model import Shape
+    from kgen.tuning import Bucket
+
+    spec = kgen.load_spec(Path(__file__).resolve().parents[1] / "specs" / "glm5_p64_sm120.yaml")
+    choice = PlanChoice.find(spec, get_arch("sm_90"), cubin_arch=get_arch("sm_90"))
+    assert choice.table is not None
+    h, t, length, b = SHAPES["memory_b32_long"]
+    assert step_tiles(choice, spec, SHAPES["memory_b32_long"]) == choice.table.tiles_for(Bucket.of(t * b, b, length * b))
+    assert Shape(8, 1, 100, 2, 64).context_tokens == 256  # two requests' two pages of 64 slots
