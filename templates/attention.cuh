@@ -385,37 +385,13 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     else if constexpr (!C::Q_APART) __syncthreads();
 }
 
-// B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of
-// the 16 keys from key0: kb[n] for keys key0 + [8n, 8n + 8).
-template <class C>
-__device__ __forceinline__ void key_fragments_32b(unsigned (&kb)[2][2], const char* kt, int key0, int k_byte, int lane) {
-    // r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
-    unsigned r[4];
-    ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
-    kb[0][0] = r[0];
-    kb[0][1] = r[1];
-    kb[1][0] = r[2];
-    kb[1][1] = r[3];
-}
-
 // B operands of S = Q·K^T for the k-step at byte k_byte of the K_BLOCK keys from key0: kb[n] for
 // keys key0 + [8n, 8n + 8).
 template <class C>
 __device__ __forceinline__ void key_fragments(unsigned (&kb)[C::K_BLOCK / 8][2], const char* kt, int key0, int k_byte,
                                               int lane) {
-    if constexpr (C::MMA_F16) {
-        unsigned r[4];
-        // 16 dims of 32 keys: register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
-        // pairs (the permuted k order quantize_q gives Q).
-        ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            kb[i][0] = e4m3x2_to_f16x2(r[i]);
-            kb[i][1] = e4m3x2_to_f16x2(r[i] >> 16);
-        }
-    } else {
-        key_fragments_32b<C>(kb, kt, key0, k_byte, lane);
-    }
+    if constexpr (C::MMA_F16) f16_key_fragments<C>(kb, kt, key0, k_byte, lane);
+    else key_fragments_32b<C>(kb, kt, key0, k_byte, lane);
 }
 
 // Scaled rows: this group's latent k-steps (scale block `group`) summed <q, raw bytes> per key; times

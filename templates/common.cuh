@@ -239,6 +239,22 @@ __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned v) {
     return r;
 }
 
+// The four e4m3 values of v (byte 0 first) as two f16x2 words: bytes 0-1 in .x, bytes 2-3 in .y;
+// exact. sm_90's ptxas shifts `v >> 16` down before converting it; named as v's upper half it
+// converts that pair in place (sm_120's ptxas does so from either form, which keeps its SASS).
+__device__ __forceinline__ uint2 e4m3x4_to_f16x4(unsigned v) {
+#if __CUDA_ARCH__ >= 1000
+    return {e4m3x2_to_f16x2(v), e4m3x2_to_f16x2(v >> 16)};
+#else
+    uint2 r;
+    asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %2;\n\t"
+        "cvt.rn.f16x2.e4m3x2 %0, lo;\n\tcvt.rn.f16x2.e4m3x2 %1, hi;\n\t}"
+        : "=r"(r.x), "=r"(r.y)
+        : "r"(v));
+    return r;
+#endif
+}
+
 __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<unsigned*>(&v);

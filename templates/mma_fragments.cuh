@@ -1,8 +1,8 @@
 // mma.sync fragment pieces both loops built on it share (the row-block loop, attention.cuh, and
 // the overlap loop, mma_rows.cuh): which k-steps a warp group has, the MMA of the config's type,
-// P stored in the order the P·V fragments read it, a row's online softmax over a tile, and the P·V
-// B fragments. C is the loop's
-// config: its MMA type (MMA_E4M3 / MMA_F16 / bf16), KV_FP8, the staged KV_STRIDE and the steps.
+// P stored in the order the P·V fragments read it, a row's online softmax over a tile, and the Q·K
+// and P·V B fragments. C is the loop's config: its MMA type (MMA_E4M3 / MMA_F16 / bf16), KV_FP8,
+// the staged KV_STRIDE and the steps.
 #pragma once
 #include "kgen/rows.cuh"
 
@@ -97,6 +97,34 @@ __device__ __forceinline__ void store_p_row(char* smem, int red_row, int red_col
 // vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
 // tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
 // interleaves them).
+// B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of
+// the 16 keys from key0: kb[n] for keys key0 + [8n, 8n + 8).
+template <class C>
+__device__ __forceinline__ void key_fragments_32b(unsigned (&kb)[2][2], const char* kt, int key0, int k_byte, int lane) {
+    // r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
+    unsigned r[4];
+    ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
+    kb[0][0] = r[0];
+    kb[0][1] = r[1];
+    kb[1][0] = r[2];
+    kb[1][1] = r[3];
+}
+
+// f16 mode's B operands of S = Q·K^T: 16 dims (bytes from k_byte) of the 32 fp8 keys from key0, kb[n]
+// for keys key0 + [8n, 8n + 8). Register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
+// pairs (the permuted k order quantize_q gives Q).
+template <class C>
+__device__ __forceinline__ void f16_key_fragments(unsigned (&kb)[4][2], const char* kt, int key0, int k_byte, int lane) {
+    unsigned r[4];
+    ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint2 dims = e4m3x4_to_f16x4(r[i]);
+        kb[i][0] = dims.x;
+        kb[i][1] = dims.y;
+    }
+}
+
 template <class C>
 __device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
                                                 int dim, int lane) {
@@ -125,9 +153,9 @@ __device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K
             for (int s = 0; s < 2; ++s)
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
-                    const unsigned even_odd = __byte_perm(t[2 * s + i], 0, 0x3120);
-                    vb[s][0][i] = e4m3x2_to_f16x2(even_odd);
-                    vb[s][1][i] = e4m3x2_to_f16x2(even_odd >> 16);
+                    const uint2 dims = e4m3x4_to_f16x4(__byte_perm(t[2 * s + i], 0, 0x3120));
+                    vb[s][0][i] = dims.x;
+                    vb[s][1][i] = dims.y;
                 }
         }
     }

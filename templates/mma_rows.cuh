@@ -23,25 +23,12 @@ template <class C, int KEYS = C::K_BLOCK>
 __device__ __forceinline__ void key_fragments(unsigned (&kb)[KEYS / 8][2], const char* kt, int key0, int k_byte,
                                               int lane) {
     static_assert(KEYS == C::K_BLOCK || (KEYS == 8 && !C::KV_FP8), "fp8 key blocks are whole");
-    unsigned r[4];
     if constexpr (KEYS == 8) {
         ldmatrix_x2(kb[0], kt + (key0 + lane % 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
     } else if constexpr (C::MMA_F16) {
-        // 16 dims of 32 keys: register i holds dims 4q .. 4q+3 of key 8i + g, split into two f16
-        // pairs (the permuted k order quantize_q gives Q).
-        ldmatrix_x4(r, kt + (key0 + lane) * C::KV_STRIDE + k_byte);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            kb[i][0] = e4m3x2_to_f16x2(r[i]);
-            kb[i][1] = e4m3x2_to_f16x2(r[i] >> 16);
-        }
+        f16_key_fragments<C>(kb, kt, key0, k_byte, lane);
     } else {
-        // 32 bytes of 16 keys: r[0], r[1] for keys 0-7 and r[2], r[3] for keys 8-15.
-        ldmatrix_x4(r, kt + (key0 + (lane % 8) + (lane / 16) * 8) * C::KV_STRIDE + k_byte + ((lane / 8) % 2) * 16);
-        kb[0][0] = r[0];
-        kb[0][1] = r[1];
-        kb[1][0] = r[2];
-        kb[1][1] = r[3];
+        key_fragments_32b<C>(kb, kt, key0, k_byte, lane);
     }
 }
 
