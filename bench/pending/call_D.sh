@@ -6,8 +6,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 step() { local name=$1 limit=$2 s=$SECONDS; shift 2
   env PYTHONPATH=/tmp/site:$PWD KGEN_CACHE_DIR=/tmp/kc timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "$name: rc=$? $((SECONDS - s)) s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.log"; }
-step loops 270 python3 -m pytest -q -p no:cacheprovider tests/test_attention_gpu.py tests/test_dsa_pool_gpu.py \
+step loops 230 python3 -m pytest -q -p no:cacheprovider tests/test_attention_gpu.py tests/test_dsa_pool_gpu.py \
   -k "sm90_loops or (random_batches and (p64 or dsa_fp8)) or (long_prefixes and dsa_fp8) or block_scales or tree_keys"
-AB_TREES=main timeout $((580 - SECONDS + t0)) bash bench/gpu_ab.sh dsa 2 --spec specs/glm5_dsa_fp8_sm120.yaml \
+AB_TREES=main timeout $((470 - SECONDS + t0)) bash bench/gpu_ab.sh dsa 2 --spec specs/glm5_dsa_fp8_sm120.yaml \
   --shapes 1x131072x16x8,8x32768x64x8,1x131072x16x16 --time-limit 40 --no-halves
 echo "done: $((SECONDS - t0)) s" >> "$OUT/summary.log"
