@@ -93,10 +93,6 @@ __device__ __forceinline__ void store_p_row(char* smem, int red_row, int red_col
     if (threadIdx.x % C::RED_THREADS == 0) reinterpret_cast<float*>(smem + C::ALPHA_OFF)[red_row] = alpha;
 }
 
-// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
-// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
-// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
-// interleaves them).
 // B operands of S = Q·K^T from 32 bytes (one k-step of 16 bf16, or 32 e4m3, dims) at byte k_byte of
 // the 16 keys from key0: kb[n] for keys key0 + [8n, 8n + 8).
 template <class C>
@@ -125,6 +121,10 @@ __device__ __forceinline__ void f16_key_fragments(unsigned (&kb)[4][2], const ch
     }
 }
 
+// B operands of O += P·V for the V_BLOCK keys from key0 and value dims [dim, dim + 16):
+// vb[s][t] for k-step s of the block and 8-dim tile t. bf16: tile 0 holds dims dim .. dim+7,
+// tile 1 dims dim+8 .. dim+15. fp8: tile 0 holds the even dims, tile 1 the odd ones (attend_end
+// interleaves them).
 template <class C>
 __device__ __forceinline__ void value_fragments(unsigned (&vb)[C::V_BLOCK / C::K_STEP][2][2], const char* kt, int key0,
                                                 int dim, int lane) {

@@ -60,7 +60,8 @@ struct WgRing : Layout {
 // ---- fp8 rows: raw stages and their conversion into the bf16 ring ----
 
 // The 4 e4m3 values of v (byte 0 first) as two bf16x2 words: e4m3 -> f16 -> f32 -> bf16, each
-// step exact (e4m3 has 3 mantissa bits).
+// step exact (e4m3 has 3 mantissa bits). Not e4m3x4_to_f16x4's in-place form: on sm_90 that frees
+// the producer a shift a word but makes ptxas spill the seesaw consumers (bench/NOTES.md v73, v78).
 __device__ __forceinline__ uint2 e4m3x4_to_bf16x4(unsigned v) {
     const unsigned lo = e4m3x2_to_f16x2(v), hi = e4m3x2_to_f16x2(v >> 16);
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
