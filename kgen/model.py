@@ -90,10 +90,11 @@ def calibration(design: str = "mma_sync") -> Calibration:
     return Calibration(**{**data["calibration"], **data.get("designs", {}).get(design, {})})
 
 
-# How a loop design's pipes overlap, what its barriers cost and how much of the DRAM bandwidth its
-# copies reach are the design's own (fitted on its measurements); the copy latency and the per-call
-# costs are shared by all designs.
-DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency")
+# How a loop design's pipes overlap, what its barriers cost, how much of the DRAM bandwidth its
+# copies reach and what a work item pays before its first tile (schedule, Q's staging: a 160-thread
+# 16-row CTA starts sooner than the seesaw's three warpgroups) are the design's own (fitted on its
+# measurements); the copy latency and the combine's terms are shared by all designs.
+DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency", "startup_us")
 
 
 ROW_TILE_16_TERMS = "mma_sync16"  # terms_of's name for the 16-row mma.sync tiles' terms
