@@ -223,38 +223,46 @@ struct SlotSet {
         return {keys, masks, count, count + 2, reinterpret_cast<unsigned short*>(queues), size, __ffs(size) - 1};
     }
 
+    // Each warp clears (and compact() reads) its run of whole 32-entry chunks, a lane the same entries
+    // in both: a round's clear() then never overwrites an entry another thread of the previous round's
+    // compact() has yet to read, with no barrier between them.
+    __device__ __forceinline__ void chunks_of_warp(int& c0, int& c1) const {
+        const int chunks = size / 32, per = (chunks + blockDim.x / 32 - 1) / (blockDim.x / 32);
+        c0 = min(chunks, static_cast<int>(threadIdx.x / 32) * per);
+        c1 = min(chunks, c0 + per);
+    }
+
     __device__ __forceinline__ void clear() const {
-        for (int i = threadIdx.x; i < size; i += blockDim.x) {
+        int c0, c1;
+        chunks_of_warp(c0, c1);
+        for (int i = c0 * 32 + threadIdx.x % 32; i < c1 * 32; i += 32) {
             keys[i] = -1;
             masks[i] = 0u;
         }
         if (threadIdx.x < 2) count[threadIdx.x] = 0;
     }
 
-    // Add `bit` to slot's mask, inserting the slot if new, probing from h (mix32 of the slot);
-    // returns whether the slot is new here. Once the overflow flag is up new slots are dropped (the
-    // round is redone with a larger set, or in halves); a probe that found no room sets it. The
-    // slots are counted per warp and step (count_new), not here: one shared counter every new slot
-    // added to serialized the inserts (bench/NOTES.md v55).
-    __device__ __forceinline__ bool insert(int slot, unsigned h, unsigned bit) const {
-        unsigned p = (h * 0x9e3779b1u) >> (32 - bits);
+    // A slot's first probe position (from h, mix32 of the slot).
+    __device__ __forceinline__ unsigned home(unsigned h) const { return (h * 0x9e3779b1u) >> (32 - bits); }
+
+    // One probe of inserting `slot` at position p: 0 = the entry holds another slot (probe p + 1 next),
+    // 1 = `bit` added to the slot's mask, 2 = the same and the slot is new here, 3 = dropped: the
+    // overflow flag is up (the round is redone with a larger set, or in halves). The slots are
+    // counted per warp and step (count_new), not here: one shared counter every new slot added to
+    // serialized the inserts (bench/NOTES.md v55).
+    __device__ __forceinline__ int probe(int slot, unsigned p, unsigned bit) const {
         volatile int* vkeys = keys;
-        for (int probes = 0; probes < size; ++probes, p = (p + 1) & (size - 1)) {
-            int k = vkeys[p];
-            bool added = false;
-            if (k == -1) {
-                if (*(volatile int*)&count[1]) return false;
-                k = atomicCAS(&keys[p], -1, slot);
-                added = k == -1;
-                if (added) k = slot;
-            }
-            if (k == slot) {
-                atomicOr(&masks[p], bit);
-                return added;
-            }
+        int k = vkeys[p];
+        bool added = false;
+        if (k == -1) {
+            if (*(volatile int*)&count[1]) return 3;
+            k = atomicCAS(&keys[p], -1, slot);
+            added = k == -1;
+            if (added) k = slot;
         }
-        count[1] = 1;  // the set is full
-        return false;
+        if (k != slot) return 0;
+        atomicOr(&masks[p], bit);
+        return added ? 2 : 1;
     }
 
     // A warp's new slots of a step (every lane passes its count); over size / 2 in all, the set
@@ -264,19 +272,27 @@ struct SlotSet {
         if (threadIdx.x % 32 == 0 && added > 0 && atomicAdd(&count[0], added) + added > size / 2) count[1] = 1;
     }
 
-    // Write the set's slots and masks to `list` (in table order); returns how many.
+    // Write the set's slots and masks to `list` (in table order); returns how many. By the warps'
+    // chunks, so consecutive lanes write consecutive list entries (one thread a strided run of
+    // entries wrote 32 scattered words a store).
     __device__ __forceinline__ int compact(const KeyList& list) const {
+        const int lane = threadIdx.x % 32;
+        int c0, c1;
+        chunks_of_warp(c0, c1);
         int n = 0;
-        for (int i = threadIdx.x; i < size; i += blockDim.x) n += keys[i] != -1;
+        for (int c = c0; c < c1; ++c) n += __popc(__ballot_sync(0xffffffffu, keys[c * 32 + lane] != -1));
         int total;
-        int at = block_inclusive_sum(n, scan, &total) - n;
-        for (int i = threadIdx.x; i < size; i += blockDim.x) {
-            const int k = keys[i];
+        int at = block_inclusive_sum(lane == 0 ? n : 0, scan, &total) - n;
+        at = __shfl_sync(0xffffffffu, at, 0);
+        for (int c = c0; c < c1; ++c) {
+            const int k = keys[c * 32 + lane];
+            const unsigned held = __ballot_sync(0xffffffffu, k != -1);
             if (k != -1) {
-                list.slots[at] = k;
-                list.masks[at] = masks[i];
-                ++at;
+                const int j = at + __popc(held & ((1u << lane) - 1));
+                list.slots[j] = k;
+                list.masks[j] = masks[c * 32 + lane];
             }
+            at += __popc(held);
         }
         return total;
     }
@@ -314,7 +330,8 @@ struct SlotRange {
 // `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
 // overflowed (nothing of it may be used). The scan stays converged: each warp queues its passing
 // entries of a step of LOADS loads (ballot + popc into its own queue: a u16, u x 32 + lane, per
-// entry, so LOADS x 32 entries fit) and then inserts them all at once, one per lane. Inserting
+// entry, so LOADS x 32 entries fit) and then inserts them, a lane taking the next queued entry
+// whenever its own is placed (bench/NOTES.md v83). Inserting
 // inside the scan let the lanes of a warp drift apart in their probe loops, and the warp then ran
 // the scan ~4x over with ~7 lanes each (ncu, bench/NOTES.md v19). Not inlined, as
 // find_sparse_item: it runs once per round, and inlined its temporaries spilled the sm_120 kernel
@@ -354,11 +371,39 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
             queued += __popc(takers);
         }
         __syncwarp();
-        int added = 0;
-        for (int i = lane; i < queued; i += 32) {
+        // The queued entries, one a lane; a lane whose entry is placed takes the next one, so the warp
+        // steps through its entries' probes, not through each round's longest probe chain.
+        int added = 0, key = 0, probes = 0, taken = 32;  // taken: queue entries handed out (warp-uniform)
+        unsigned p = 0, bit = 0;
+        auto take = [&](int i) {
             const int e = e0 - lane + (queue[i] / 32) * blockDim.x + queue[i] % 32;
-            const int s = __ldg(lists + e);  // this warp's own load of it, still in L1
-            added += set.insert(s, mix32(static_cast<unsigned>(s)), 1u << (e / width));
+            key = __ldg(lists + e);  // this warp's own load of it, still in L1
+            bit = 1u << (e / width);
+            p = set.home(mix32(static_cast<unsigned>(key)));
+            probes = 0;
+        };
+        bool busy = lane < queued;
+        if (busy) take(lane);
+        while (__any_sync(0xffffffffu, busy)) {
+            if (busy) {
+                const int placed = set.probe(key, p, bit);
+                busy = placed == 0;
+                added += placed == 2;
+                if (busy) {
+                    p = (p + 1) & (set.size - 1);
+                    if (++probes == set.size) {
+                        set.count[1] = 1;  // no empty entry: the set is full
+                        busy = false;
+                    }
+                }
+            }
+            const unsigned idle = __ballot_sync(0xffffffffu, !busy);
+            const int mine = taken + __popc(idle & ((1u << lane) - 1));
+            if (!busy && mine < queued) {
+                take(mine);
+                busy = true;
+            }
+            taken += __popc(idle);
         }
         set.count_new(added);
         __syncwarp();  // the queue is read before the next step writes it
