@@ -23,7 +23,7 @@ import json
 import math
 import sys
 from collections import Counter
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from kgen.model import terms_of
@@ -176,15 +176,12 @@ def cal_of(x: dict, tiles):
                           **{k.split(":")[1]: v for k, v in x.items() if k.startswith(own)}})
 
 
-def params_of(design_cals: dict) -> dict:
-    """Flat parameters from {design: Calibration} (the row-block loop's holds the shared terms)."""
-    from kgen.model import DESIGN_TERMS
-
-    x = asdict(design_cals["mma_sync"])
-    for d, c in design_cals.items():
-        if d != "mma_sync":
-            x.update({f"{d}:{t}": getattr(c, t) for t in DESIGN_TERMS})
-    return x
+def params_of(data: dict) -> dict:
+    """Flat parameters from the calibration file's data: the shared terms (overlap and barrier_cycles
+    there are the row-block loop's) and the designs' own terms ("design:term") it holds. A term a
+    design does not hold is the shared one until a fit moves it (fit()), never a copy frozen here."""
+    return {**data["calibration"],
+            **{f"{d}:{t}": v for d, own in data.get("designs", {}).items() for t, v in own.items()}}
 
 
 def loss(rows, cs, x) -> float:
@@ -199,7 +196,7 @@ def fit(rows, cs, start: dict, designs_only: bool = False) -> dict:
     """Coordinate descent within BOUNDS, halving the steps when no move helps; designs_only: only
     the designs' own terms move (the shared ones stay as they are)."""
     names = [k for k in design_params(cs) if ":" in k or not designs_only]
-    x = dict(start)
+    x = {**{k: start[k.split(":")[-1]] for k in names if k not in start}, **start}  # a new own term starts shared
     best, steps = loss(rows, cs, x), {k: STEPS[k.split(":")[-1]] for k in names}
     for _ in range(60):
         moved = False
@@ -390,10 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     excluded = {v for v in a.exclude.split(",") if v}
     rows = [r for r in load_rows(a.measurements, specs) if r["variant"] not in excluded]
     cs = calls(rows)
-    from kgen import designs
-
-    terms = [d.name for d in designs.DESIGNS if d.modeled] + [model.ROW_TILE_16_TERMS]
-    x = params_of({t: model.calibration(t) for t in terms})
+    x = params_of(json.loads(model.CALIBRATION_FILE.read_text()))
     if a.fit:
         fitted = [(r, c) for r, c in zip(rows, cs) if r["shape_name"] not in holdout]
         x = fit([r for r, _ in fitted], [c for _, c in fitted], x, a.designs_only)
@@ -402,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     overall = summary(table)
     out_rows = [r for r in table if not r["fitted"]]
     held = {**summary(out_rows), "shapes": sorted(holdout)} if out_rows else None
-    designs = {d: {t: x[f"{d}:{t}"] for t in model.DESIGN_TERMS}
+    designs = {d: {t: x[f"{d}:{t}"] for t in model.DESIGN_TERMS if f"{d}:{t}" in x}
                for d in sorted({k.split(":")[0] for k in x if ":" in k})}
     shared = {k: v for k, v in x.items() if ":" not in k}
     if a.fit:
