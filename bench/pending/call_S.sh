@@ -1,8 +1,8 @@
 # Call S (prepared in the thirty-fifth session, no device was lent then): v84, v85 and v86 against main,
 # bench.sparse on the sm_90 plan, 2 rounds. Set-up here (bench/NOTES.md v86 says why the chain):
 #   git archive HEAD kgen templates bench specs pyproject.toml ":!bench/results" | gzip > .ab/main.tgz
-#   git apply bench/pending/v84-*.patch && tar czf .ab/v84.tgz --exclude=__pycache__ kgen templates bench specs pyproject.toml
-#   git apply bench/pending/v85-*.patch && tar czf .ab/v85.tgz --exclude=__pycache__ kgen templates bench specs pyproject.toml
+#   git apply bench/pending/v84-*.patch && tar czf .ab/v84.tgz --exclude=__pycache__ --exclude=bench/results kgen templates bench specs pyproject.toml
+#   git apply bench/pending/v85-*.patch && tar czf .ab/v85.tgz --exclude=__pycache__ --exclude=bench/results kgen templates bench specs pyproject.toml
 #   git apply bench/pending/v86-*.patch   (the working tree, "change")
 # carry .ab and .whl_kgen; ~8 min with the start.
 set -u
