@@ -1,11 +1,8 @@
 # Call D: the sm_90 loops the change touches (DSA rows, page-64 bf16, per-tensor fp8) against the
 # reference, then main / change on the DSA rows' main shapes.
 set -u
-mkdir -p "$OUT"; t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_kgen/*.whl
-step() { local name=$1 limit=$2 s=$SECONDS; shift 2
-  env PYTHONPATH=/tmp/site:$PWD KGEN_CACHE_DIR=/tmp/kc timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "$name: rc=$? $((SECONDS - s)) s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.log"; }
+t0=$SECONDS
+source bench/pending/steps.sh
 step loops 230 python3 -m pytest -q -p no:cacheprovider tests/test_attention_gpu.py tests/test_dsa_pool_gpu.py \
   -k "sm90_loops or (random_batches and (p64 or dsa_fp8)) or (long_prefixes and dsa_fp8) or block_scales or tree_keys"
 AB_TREES=main timeout $((470 - SECONDS + t0)) bash bench/gpu_ab.sh dsa 2 --spec specs/glm5_dsa_fp8_sm120.yaml \

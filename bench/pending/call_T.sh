@@ -1,11 +1,8 @@
 # Call T (after call S, same working tree = v84 + v85 + v86): the whole sparse suite on both plans (the
 # sm_120 plan's catches round races), then one traced call of v86 at B1 T16 and B32 L32768 (schedule phase).
 set -u
-mkdir -p "$OUT"; t0=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_kgen/*.whl
-step() { local name=$1 limit=$2 s=$SECONDS; shift 2
-  env PYTHONPATH=/tmp/site:$PWD KGEN_CACHE_DIR=/tmp/kc_t timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "$name: rc=$? $((SECONDS - s)) s: $(tail -n 1 "$OUT/$name.log")" >> "$OUT/summary.log"; }
+t0=$SECONDS
+source bench/pending/steps.sh
 step sparse90 170 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_gpu.py
 step sparse120 170 env KGEN_TEST_PLAN_ARCH=sm_120 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_gpu.py
 step trace_b1 60 python3 -m bench.cta_trace --spec specs/glm5_dsa_sm120.yaml --shape 1,16,131072
