@@ -51,20 +51,22 @@ PATCHES = {
          "    }\n    __syncthreads();\n    KGEN_TRACE(2);\n}\n"),
     ),
     "kgen/sparse_attention.cuh": (
-        ("    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));\n"
+        ("    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_table, schedule_scratch<C>(smem));\n"
          "    if (item.b < 0) return;\n",
          "    KGEN_TRACE_START(part_o);\n"
-         "    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));\n"
+         "    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_table, schedule_scratch<C>(smem));\n"
          "    if (item.b < 0) { KGEN_TRACE(3); return; }\n    KGEN_TRACE(1);\n"),
         ("    fence_proxy_async();\n    __syncthreads();\n",
          "    KGEN_TRACE(7);\n    fence_proxy_async();\n    __syncthreads();\n"),
-        ("    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);\n",
-         "    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);\n    KGEN_TRACE(9);\n"),
         ("    set.clear();\n    __syncthreads();\n", "    set.clear();\n    __syncthreads();\n    KGEN_TRACE(10);\n"),
         ("    range.report(a);\n    __syncthreads();\n", "    range.report(a);\n    KGEN_TRACE(11);\n    __syncthreads();\n"),
         ("    return fits ? set.compact(list) : -1;\n",
          "    const int listed = fits ? set.compact(list) : -1;\n    KGEN_TRACE(12);\n    return listed;\n"),
         ("    launch_dependents();\n}\n", "    __syncthreads();\n    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),
+    ),
+    "kgen/sparse_schedule.cuh": (
+        ("    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);\n",
+         "    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);\n    KGEN_TRACE(9);\n"),
     ),
     # The seesaw loop's pair (issue 19): per consumer, the cycles spent in each step of a pair that can
     # wait on the other consumer or the ring, summed over the CTA's pairs (accumulators, not points).

@@ -191,8 +191,23 @@ def _sparse_combine(c: PlanContext) -> list[Variant]:
                             part_o=sparse_plan.PART_O)]
 
 
+def _sparse_schedule(c: PlanContext) -> list[Variant]:
+    """A prepared sparse step's schedule table (templates/sparse_schedule.cuh) for either sparse
+    kernel: one CTA per work item slot."""
+    if not c.spec.model.sparse:
+        return []
+    return [Variant(kernel="sparse_schedule", name="sparse_schedule", template="sparse_schedule.cu.j2",
+                    threads=SCHEDULE_THREADS, smem_bytes=0, min_blocks=1,
+                    constants={"HEADS": c.spec.model.num_q_heads, "BM": sparse_plan.sparse_bm(c)},
+                    params=params("const int* __restrict__ qo_indptr", *sparse_plan.SCHEDULE_PARAMS,
+                                  "int* __restrict__ table"),
+                    tag=c.tag)]
+
+
 # The sparse step (kgen/sparse.py) packs their argument blocks.
 SPARSE = KernelEntry("sparse_attn", "sparse_verify_attention", _sparse_attn)
+SPARSE_SCHEDULE = KernelEntry("sparse_schedule", "prepare_sparse (a prepared sparse step's first call, "
+                              "SparseStep.reschedule)", _sparse_schedule)
 SPARSE_COMBINE = CombineEntry("sparse_combine", "sparse_verify_attention", _sparse_combine)
 
 
@@ -239,4 +254,5 @@ MERGE = GridStrideEntry("lse_merge", "merge_states", _lse_merge, ctas_per_sm=MER
 DEFRAG = GridStrideEntry("kv_defrag", "defrag", _kv_defrag, ctas_per_sm=DEFRAG_CTAS_PER_SM)
 
 # The registry, in the order of a plan's variants (and generated/ manifests).
-ENTRIES: tuple[KernelEntry, ...] = (MERGE, DEFRAG, SCHEDULE, PREFIX, VERIFY, TREE, COMBINE, SPARSE, SPARSE_COMBINE)
+ENTRIES: tuple[KernelEntry, ...] = (MERGE, DEFRAG, SCHEDULE, PREFIX, VERIFY, TREE, COMBINE, SPARSE, SPARSE_SCHEDULE,
+                                     SPARSE_COMBINE)

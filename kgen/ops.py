@@ -118,12 +118,13 @@ class Module:
     def sparse_workspace_bytes(self, num_tokens: int, batch: int, union: bool = True) -> int:
         """Scratch bytes of a sparse step with `num_tokens` tree tokens in `batch` requests."""
         k = self._sparse_kernels()
-        return sparse_workspace_layout(k, sparse_grid(k, num_tokens, batch, union), batch)[3]
+        return sparse_workspace_layout(k, sparse_grid(k, num_tokens, batch, union), batch)[4]
 
     def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, *, kv_scale=1.0,
                                 out=None, lse=None):
         """Each tree token over its listed prefix slots and its visible tree tokens, one softmax."""
-        step = self.prepare_sparse(qo_indptr, topk_indices, tree_mask)
+        step = SparseStep(self._sparse_kernels(), self._state, qo_indptr, topk_indices, tree_mask,
+                          schedule_table=False)  # one call: its CTAs find their items
         return step.verify(q, kv_cache, k_tree, kv_scale=kv_scale, out=out, lse=lse)
 
     def _sparse_kernels(self) -> SparseKernels:

@@ -3,6 +3,9 @@
 `step = mod.prepare_sparse(qo_indptr, topk_indices, tree_mask)` checks the batch's metadata and
 allocates its scratch once; `step.verify(q, kv_cache, k_tree)` runs one layer in two launches
 (sparse attention, combine) with only per-layer checks, no host sync, capturable in a CUDA graph.
+As a dense step's kernels, the sparse kernel takes each CTA's work item from a schedule table the
+step writes with a launch of its own on its first call and on reschedule()
+(templates/sparse_schedule.cuh), and finds it for itself where qo_indptr changed since.
 Row i of topk_indices lists the physical slots token i attends (-1 = no key, any order, distinct);
 its keys are those slots plus the tree tokens its mask row shows (templates/sparse_attention.cuh).
 
@@ -19,7 +22,7 @@ from . import checks, env
 from .kernels import SPARSE_COMBINE
 from .kvargs import KVArgs
 from .sparse_plan import MIN_CHUNK, PART_O_BYTES, list_capacity
-from .splitkv import ceil_div
+from .splitkv import ceil_div, table_bytes
 
 _ALIGN = 256
 _BF16 = (torch.bfloat16,)
@@ -35,8 +38,8 @@ class SparseKernels:
 
     def __init__(self, spec, kernels: dict, sm_count: int):
         self.spec, self.sm_count = spec, sm_count
-        self.union, self.gather, self.combine = (kernels[n] for n in ("sparse_verify_attn", "sparse_gather_attn",
-                                                                      "sparse_combine"))
+        self.union, self.gather, self.schedule, self.combine = (
+            kernels[n] for n in ("sparse_verify_attn", "sparse_gather_attn", "sparse_schedule", "sparse_combine"))
         self.bm = self.combine.variant.constants["BM"]
         self.capacity = list_capacity(self.union.variant.constants["TABLE"])  # a gather split's entries at most
         self.list_keys = self.union.variant.constants["LIST_KEYS"]  # a CTA's list scratch
@@ -55,23 +58,27 @@ def sparse_grid(k: SparseKernels, num_tokens: int, batch: int, union: bool = Tru
     return k.target + row_tiles * ceil_div(tile_tokens * k.spec.model.index_topk, k.capacity)
 
 
-def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[int, int, int, int]:
-    """Byte offsets of part_lse, req_meta and the key lists in a workspace (part_o starts it), and
-    its size, for `grid` CTAs (a partial state of BM rows and a list of LIST_KEYS keys each)."""
+def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[int, int, int, int, int]:
+    """Byte offsets of part_lse, req_meta, the key lists and the schedule table in a workspace
+    (part_o starts it), and its size, for `grid` CTAs (a partial state of BM rows and a list of
+    LIST_KEYS keys each)."""
     rows = grid * k.bm
     part_lse = _aligned(rows * k.spec.model.value_dim * PART_O_BYTES)
     req_meta = part_lse + _aligned(rows * 4)
     lists = req_meta + _aligned(batch * 16)
-    return part_lse, req_meta, lists, lists + _aligned(grid * 2 * k.list_keys * 4)
+    table = lists + _aligned(grid * 2 * k.list_keys * 4)
+    return part_lse, req_meta, lists, table, table + _aligned(table_bytes(grid, batch))
 
 
 class SparseStep:
     """One batch of sparse verify, prepared by Module.prepare_sparse; run a layer with verify().
     union=False runs the per-token-gather variant (each token's list read on its own): the
-    internal baseline of the benchmark."""
+    internal baseline of the benchmark. The kernel reads its work items from a schedule table where
+    its plan builds it so (kgen/sparse_plan.py NO_TABLE); schedule_table=False (a one-shot call) and
+    KGEN_VALIDATE (whose kernels check the lengths as they find their items) keep none."""
 
     def __init__(self, kernels: SparseKernels, state, qo_indptr, topk_indices, tree_mask, workspace=None,
-                 union: bool = True):
+                 union: bool = True, schedule_table: bool = True):
         spec, dev = kernels.spec, state.device
         self._state, self._device, self._spec = state, dev, spec
         self.qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
@@ -88,7 +95,7 @@ class SparseStep:
             raise ValueError(f"prepare_sparse: {self.grid} CTAs' key lists of {kernels.list_keys} keys each "
                              f"exceed the 2^32 entries the sparse kernels address; split the batch")
         self._empty = self.num_tokens == 0 or batch == 0
-        part_lse, req_meta, lists, size = sparse_workspace_layout(kernels, self.grid, batch)
+        part_lse, req_meta, lists, table, size = sparse_workspace_layout(kernels, self.grid, batch)
         if workspace is None:
             workspace = torch.empty(0 if self._empty else size, dtype=torch.uint8, device=dev)
         else:
@@ -104,13 +111,20 @@ class SparseStep:
         self._lse_shape = (self.num_tokens, m.num_q_heads)
         self._kv = KVArgs(spec, dev)
         self._kernel = kernels.union if union else kernels.gather
+        schedule = dict(qo_indptr=self.qo_indptr, topk_width=width, batch=batch, target_ctas=kernels.target,
+                        min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else kernels.capacity,
+                        max_nodes=spec.tree.nodes, total_tokens=self.num_tokens)
+        reads_table = self._kernel.variant.constants["SCHEDULE_TABLE"]  # kgen/sparse_plan.py reads_table
+        self.schedule_table = base + table if schedule_table and reads_table and not self.validate and not self._empty \
+            else 0
         self._block = self._kernel.layout.pack(
-            q=None, kv_cache=None, kv_scale=1.0, k_tree=None, tree_mask=self.tree_mask, qo_indptr=self.qo_indptr,
-            topk_indices=self.topk_indices, topk_width=width, batch=batch, target_ctas=kernels.target,
-            min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else kernels.capacity, max_nodes=spec.tree.nodes,
-            total_tokens=self.num_tokens, validate=int(self.validate), error_flag=state.error_flag,
-            req_meta=base + req_meta, part_o=base,
-            part_lse=base + part_lse, lists=base + lists, num_slots=0)
+            q=None, kv_cache=None, kv_scale=1.0, k_tree=None, tree_mask=self.tree_mask,
+            topk_indices=self.topk_indices, **schedule, validate=int(self.validate), error_flag=state.error_flag,
+            req_meta=base + req_meta, part_o=base, part_lse=base + part_lse, lists=base + lists, num_slots=0,
+            schedule_table=self.schedule_table)
+        self._schedule = kernels.schedule
+        self._schedule_block = kernels.schedule.layout.pack(**schedule, table=self.schedule_table)
+        self._unscheduled = bool(self.schedule_table)  # the first call writes the table
         self._combine = kernels.combine
         rows = self.num_tokens * spec.model.num_q_heads
         self._combine_threads = SPARSE_COMBINE.threads(spec.model.value_dim, rows, self.grid, kernels.bm, batch,
@@ -134,6 +148,17 @@ class SparseStep:
         return checks.tensor("tree_mask", tree_mask, dtype=torch.int32, device=self._device,
                              shape=(self.num_tokens, tree.mask_words))
 
+    def reschedule(self) -> None:
+        """Write the step's schedule table again from what qo_indptr holds now (one launch, on the
+        current stream): after refilling it in place, so that the next calls read their work items
+        rather than find them."""
+        if self.schedule_table:
+            self._write_table(self._state.stream())
+
+    def _write_table(self, stream) -> None:
+        self._schedule.launch(self.grid, self._schedule_block, stream)
+        self._unscheduled = False
+
     def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
         """Sparse attention of the batch's tree tokens over their listed slots and trees: (out, lse)."""
         dev, v = self._device, self._block.values
@@ -154,6 +179,8 @@ class SparseStep:
             check_distinct(self.topk_indices)
             self._state.error_flag.zero_()
         stream = self._state.stream()
+        if self._unscheduled:
+            self._write_table(stream)
         self._kernel.launch(self.grid, self._block, stream)
         self._combine.launch(self.num_tokens * self._q_shape[1], self._combine_block, stream, self._combine_threads)
         if self.validate:

@@ -26,6 +26,18 @@ PART_O = BF16
 PART_O_BYTES = 2
 
 
+# The sparse kernels built without the schedule table's read, by (plan arch, kernel, KV rows: bf16,
+# fp8 with one scale, the DSA pool's scaled rows): with it, ptxas spilled them at their register cap
+# (sm_120's 168: the union kernel over fp8 rows 84 B, 7 spill instructions in its tile loop; the gather
+# kernel 28 B and 4 B; bench/NOTES.md v86). Their CTAs find their work items themselves.
+NO_TABLE = frozenset({("sm_120", "sparse_verify_attn", "fp8"), ("sm_120", "sparse_gather_attn", "fp8"),
+                      ("sm_120", "sparse_gather_attn", "scaled")})
+# The sparse schedule's inputs but qo_indptr (templates/sparse_schedule.cuh SparseArgs): the sparse
+# kernels and sparse_schedule declare them alike.
+SCHEDULE_PARAMS = ("int topk_width", "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes",
+                   "int total_tokens")
+
+
 def tile_tokens(heads: int, bm: int) -> int:
     """Tokens a row tile of bm packed (token, head) rows touches (TILE_TOKENS)."""
     return bm // heads if bm % heads == 0 else (bm - 1) // heads + 2
@@ -83,15 +95,25 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
     kv = kvrows.ctype(spec)
     decls = (f"const {BF16}* __restrict__ q", f"const {kv}* __restrict__ kv_cache", "float kv_scale",
              f"const {kv}* __restrict__ k_tree", "const int* __restrict__ tree_mask",
-             "const int* __restrict__ qo_indptr", "const int* __restrict__ topk_indices", "int topk_width",
-             "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes", "int total_tokens",
+             "const int* __restrict__ qo_indptr", "const int* __restrict__ topk_indices", *SCHEDULE_PARAMS,
              "int validate", "int* __restrict__ error_flag", "int4* __restrict__ req_meta",
-             f"{PART_O}* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots")
+             f"{PART_O}* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots",
+             "const int* __restrict__ schedule_table")
     table = table_entries(c, t)
     constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), **ctx.tree_constants}
-    return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn", **constants}, decls),
+    return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn",
+                                                              "SCHEDULE_TABLE": reads_table(c, name), **constants},
+                                  decls),
                     kernel="sparse_attn")
             for name in SPARSE_KERNELS]
+
+
+def reads_table(c: PlanContext, kernel: str) -> bool:
+    """Whether a sparse kernel takes its work items from a prepared step's schedule table
+    (templates/sparse_schedule.cuh): all but NO_TABLE's."""
+    cache = c.spec.cache
+    rows = "bf16" if cache.kv_dtype == "bfloat16" else "scaled" if cache.per_block else "fp8"
+    return (c.arch.name, kernel, rows) not in NO_TABLE
 
 
 def sparse_bm(c: PlanContext) -> int:

@@ -18,8 +18,23 @@ SPLIT_WAVES = 4
 MAX_LEVELS = 4
 
 
+STAMP_WORDS = 12  # templates/schedule.cuh: a schedule table's stamp
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def table_items(batch: int) -> int:
+    """Byte offset of a schedule table's items (templates/schedule.cuh ScheduleTable::items): its
+    stamp and lengths, rounded up to 16 bytes."""
+    return -(-(STAMP_WORDS + 2 * batch + 1) // 4) * 16
+
+
+def table_bytes(grid: int, batch: int) -> int:
+    """A schedule table (dense or sparse): stamp and lengths, then an int4 item per CTA and an int4
+    req_meta per request."""
+    return table_items(batch) + 16 * grid + 16 * batch
 
 
 @dataclass(frozen=True)

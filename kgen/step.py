@@ -43,6 +43,7 @@ from .kvargs import KVArgs
 from .loading import LoadedPlans
 from .plan import Plan
 from .spec import Spec
+from .splitkv import table_bytes
 
 _ALIGN = 256  # bytes: every scratch array of a workspace starts aligned (float4 / int4 accesses)
 _BF16 = (torch.bfloat16,)
@@ -53,18 +54,6 @@ def _aligned(nbytes: int) -> int:
 
 
 _TABLES = (VERIFY, PREFIX, TREE)  # a schedule table each (their schedules differ)
-_STAMP_WORDS = 12  # templates/schedule.cuh: a table's stamp
-
-
-def table_items(batch: int) -> int:
-    """Byte offset of a schedule table's items (templates/schedule.cuh ScheduleTable::items): its
-    stamp and lengths, rounded up to 16 bytes."""
-    return -(-(_STAMP_WORDS + 2 * batch + 1) // 4) * 16
-
-
-def table_bytes(grid: int, batch: int) -> int:
-    """A schedule table: stamp and lengths, then an int4 item per CTA and an int4 req_meta per request."""
-    return table_items(batch) + 16 * grid + 16 * batch
 
 
 @dataclass(frozen=True)

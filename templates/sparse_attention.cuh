@@ -21,97 +21,9 @@
 // busy while the keys are read). The request's tree rides on its last split, as in verify_attn.
 #pragma once
 #include "kgen/attention_kernels.cuh"
+#include "kgen/sparse_schedule.cuh"
 
 namespace kgen {
-
-struct SparseArgs {
-    const int* qo_indptr;
-    const int* topk;  // [sum T, topk_width] slots, -1 = no key
-    int topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens, validate;
-    int* error_flag;
-    int4* req_meta;
-    int* lists;  // per CTA: LIST_KEYS slots then LIST_KEYS masks
-    long long num_slots;
-};
-
-// Tokens a row tile of BM rows can touch: BM / H when H divides BM, else one more (rounded up).
-template <int HEADS, int BM>
-constexpr int TILE_TOKENS = BM % HEADS == 0 ? BM / HEADS : (BM - 1) / HEADS + 2;
-
-struct SparseItem {
-    int b = -1;  // request, or -1: this CTA has no item
-    int split, splits, row_tile;
-};
-
-// This CTA's work item. Request b has R_b = ceil(T_b * H / BM) row tiles, each reading E_b =
-// min(T_b, TILE_TOKENS) * K' list entries; request b gets S_b = max(1, ceil(E_b / chunk)) splits
-// of chunk = min(max_chunk, max(min_chunk, ceil(W / slots))) entries, W = sum R_b * E_b. The
-// items number at most W / chunk + sum R_b, so slots = target_ctas - sum R_b (where that is
-// positive) keeps them within one wave of target_ctas CTAs whatever the batch (else slots =
-// target_ctas); the gather kernel caps a split at one list's capacity. Items are ordered as the
-// dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first item,
-// S_b, R_b, R_b) for the combine kernel (the third: the stride between a row tile's splits).
-// Every thread calls it; `scratch` is SCHEDULE_SCRATCH_BYTES.
-template <int HEADS, int BM>
-__device__ __noinline__ SparseItem find_sparse_item(const SparseArgs a, void* scratch) {
-    ScheduleScratch* sc = static_cast<ScheduleScratch*>(scratch);
-    int* scan = sc->scan;
-    unsigned long long* sums = sc->sums;
-    int* found = sc->found;
-    const bool report = a.validate && blockIdx.x == 0;
-    if (threadIdx.x == 0) {
-        found[0] = -1;
-        if (report && (a.qo_indptr[0] != 0 || a.qo_indptr[a.batch] != a.total_tokens)) atomicOr(a.error_flag, 1);
-    }
-    auto shape = [&](int b, bool flag, int& row_tiles) {  // row tiles and list entries per tile of request b
-        int tokens = a.qo_indptr[b + 1] - a.qo_indptr[b];
-        if (tokens < 0 || tokens > a.max_nodes) {
-            if (flag) atomicOr(a.error_flag, 1);
-            tokens = min(max(tokens, 0), a.max_nodes);
-        }
-        row_tiles = (tokens * HEADS + BM - 1) / BM;
-        return (long long)min(tokens, TILE_TOKENS<HEADS, BM>) * a.topk_width;
-    };
-    unsigned long long mine = 0, my_tiles = 0;
-    for (int b = threadIdx.x; b < a.batch; b += blockDim.x) {
-        int row_tiles;
-        const long long entries = shape(b, report, row_tiles);
-        mine += (unsigned long long)row_tiles * entries;
-        my_tiles += row_tiles;
-    }
-    const unsigned long long work = block_reduce<Sum>(mine, sums);
-    const long long row_tiles = block_reduce<Sum>(my_tiles, sums);
-    const long long slots = row_tiles < a.target_ctas ? a.target_ctas - row_tiles : a.target_ctas;
-    const long long chunk = min((long long)a.max_chunk, max((long long)a.min_chunk, ((long long)work + slots - 1) / slots));
-    int items_before = 0;
-    for (int base = 0; base < a.batch; base += blockDim.x) {
-        const int b = base + threadIdx.x;
-        int row_tiles = 0, splits = 0;
-        if (b < a.batch) splits = max(1LL, (shape(b, false, row_tiles) + chunk - 1) / chunk);
-        const int items = splits * row_tiles;
-        int block_items;
-        const int first = items_before + block_inclusive_sum(items, scan, &block_items) - items;
-        items_before += block_items;
-        if (b < a.batch) {
-            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits, row_tiles, row_tiles);
-            const int local = static_cast<int>(blockIdx.x) - first;
-            if (0 <= local && local < items) {
-                found[0] = b;
-                found[1] = local / row_tiles;
-                found[2] = splits;
-                found[3] = local % row_tiles;
-            }
-        }
-        __syncthreads();
-        if (blockIdx.x != 0 && found[0] >= 0) break;
-    }
-    SparseItem item;
-    item.b = found[0];
-    item.split = found[1];
-    item.splits = found[2];
-    item.row_tile = found[3];
-    return item;
-}
 
 // A CTA's key list in global scratch: n slots and their membership masks.
 struct KeyList {
@@ -200,9 +112,15 @@ struct SlotFilter {
 // ring), and apart from them each warp's queue of entries to insert (build_union: in the
 // partial-score region, idle while the list is built). The layout is TABLE's; a round uses `size` <= TABLE
 // entries (a power of two), picked for the split's expected share of keys, so clearing and
-// compacting it costs what the split needs.
-template <int TABLE>
+// compacting it costs what the split needs. A row tile of at most 4 tokens (TOKENS) keeps a slot's
+// membership as one byte a token in its mask word: a lane sets its token's byte with a plain store,
+// which no other token's store can clobber, so an entry costs no atomic but the CAS that places a new
+// slot (the atomicOr a listing took was most of a batched CTA's shared atomics: bench/NOTES.md v85);
+// compact() packs the bytes into bits.
+template <int TABLE, int TOKENS>
 struct SlotSet {
+    static constexpr bool BYTE_FLAGS = TOKENS <= 4;
+    static constexpr int TABLE_ENTRIES = TABLE;
     static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
     static constexpr int LOADS = 32;           // list entries a thread scans at a time
@@ -246,11 +164,11 @@ struct SlotSet {
     __device__ __forceinline__ unsigned home(unsigned h) const { return (h * 0x9e3779b1u) >> (32 - bits); }
 
     // One probe of inserting `slot` at position p: 0 = the entry holds another slot (probe p + 1 next),
-    // 1 = `bit` added to the slot's mask, 2 = the same and the slot is new here, 3 = dropped: the
+    // 1 = `token` added to the slot's mask, 2 = the same and the slot is new here, 3 = dropped: the
     // overflow flag is up (the round is redone with a larger set, or in halves). The slots are
     // counted per warp and step (count_new), not here: one shared counter every new slot added to
     // serialized the inserts (bench/NOTES.md v55).
-    __device__ __forceinline__ int probe(int slot, unsigned p, unsigned bit) const {
+    __device__ __forceinline__ int probe(int slot, unsigned p, int token) const {
         volatile int* vkeys = keys;
         int k = vkeys[p];
         bool added = false;
@@ -261,7 +179,8 @@ struct SlotSet {
             if (added) k = slot;
         }
         if (k != slot) return 0;
-        atomicOr(&masks[p], bit);
+        if constexpr (BYTE_FLAGS) reinterpret_cast<unsigned char*>(masks)[p * 4 + token] = 1;
+        else atomicOr(&masks[p], 1u << token);
         return added ? 2 : 1;
     }
 
@@ -289,8 +208,9 @@ struct SlotSet {
             const unsigned held = __ballot_sync(0xffffffffu, k != -1);
             if (k != -1) {
                 const int j = at + __popc(held & ((1u << lane) - 1));
+                const unsigned m = masks[c * 32 + lane];
                 list.slots[j] = k;
-                list.masks[j] = masks[c * 32 + lane];
+                list.masks[j] = BYTE_FLAGS ? (m * 0x01020408u) >> 24 : m;  // byte t (0 or 1) to bit t
             }
             at += __popc(held);
         }
@@ -300,11 +220,11 @@ struct SlotSet {
 
 // The set size a split starts with: room for twice its expected entries (E / S of them hash to
 // it), which no distinct count reaches short of a skewed hash.
-template <int TABLE>
+template <class Set>
 __device__ __forceinline__ int initial_set_size(int entries, int splits) {
     const int want = 4 * ((entries + splits - 1) / splits);
-    int size = SlotSet<TABLE>::MIN_SIZE;
-    while (size < want && size < TABLE) size *= 2;
+    int size = Set::MIN_SIZE;
+    while (size < want && size < Set::TABLE_ENTRIES) size *= 2;
     return size;
 }
 
@@ -334,17 +254,17 @@ struct SlotRange {
 // whenever its own is placed (bench/NOTES.md v83). Inserting
 // inside the scan let the lanes of a warp drift apart in their probe loops, and the warp then ran
 // the scan ~4x over with ~7 lanes each (ncu, bench/NOTES.md v19). Not inlined, as
-// find_sparse_item: it runs once per round, and inlined its temporaries spilled the sm_120 kernel
+// write_sparse_item: it runs once per round, and inlined its temporaries spilled the sm_120 kernel
 // at its register cap.
-template <int TABLE>
-__device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lists, int tokens, int width,
+template <int TABLE, int TOKENS>
+__device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const int* lists, int tokens, int width,
                                         const SlotFilter filter, const KeyList list, const SparseArgs a) {
-    constexpr int LOADS = SlotSet<TABLE>::LOADS;  // entries a thread has in flight: the scan is a few L2 latencies
+    constexpr int LOADS = SlotSet<TABLE, TOKENS>::LOADS;  // entries a thread has in flight: the scan is a few L2 latencies
     set.clear();
     __syncthreads();
     const int lane = threadIdx.x % 32;
     SlotRange range(a.num_slots);
-    unsigned short* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE>::QUEUE_PER_WARP;
+    unsigned short* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE, TOKENS>::QUEUE_PER_WARP;
     const int entries = tokens * width, step = LOADS * blockDim.x;
     // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
     auto load = [&](int (&slot)[LOADS], int e0) {
@@ -371,32 +291,34 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
             queued += __popc(takers);
         }
         __syncwarp();
-        // The queued entries, one a lane; a lane whose entry is placed takes the next one, so the warp
-        // steps through its entries' probes, not through each round's longest probe chain.
+        // The queued entries, one a lane; while entries are left to hand out, a lane whose entry is
+        // placed takes the next one, so the warp steps through its entries' probes, not through each
+        // round's longest probe chain; then each lane finishes its own (no votes: a warp that queued
+        // 32 entries or fewer, as at B = 1, runs only this).
         int added = 0, key = 0, probes = 0, taken = 32;  // taken: queue entries handed out (warp-uniform)
-        unsigned p = 0, bit = 0;
+        unsigned p = 0;
+        int token = 0;
         auto take = [&](int i) {
             const int e = e0 - lane + (queue[i] / 32) * blockDim.x + queue[i] % 32;
             key = __ldg(lists + e);  // this warp's own load of it, still in L1
-            bit = 1u << (e / width);
+            token = e / width;
             p = set.home(mix32(static_cast<unsigned>(key)));
             probes = 0;
         };
+        // One probe of this lane's entry; false once it is placed, dropped, or the set is full.
+        auto step_entry = [&] {
+            const int placed = set.probe(key, p, token);
+            added += placed == 2;
+            if (placed != 0) return false;
+            p = (p + 1) & (set.size - 1);
+            if (++probes < set.size) return true;
+            set.count[1] = 1;  // no empty entry: the set is full
+            return false;
+        };
         bool busy = lane < queued;
         if (busy) take(lane);
-        while (__any_sync(0xffffffffu, busy)) {
-            if (busy) {
-                const int placed = set.probe(key, p, bit);
-                busy = placed == 0;
-                added += placed == 2;
-                if (busy) {
-                    p = (p + 1) & (set.size - 1);
-                    if (++probes == set.size) {
-                        set.count[1] = 1;  // no empty entry: the set is full
-                        busy = false;
-                    }
-                }
-            }
+        while (taken < queued) {
+            if (busy) busy = step_entry();
             const unsigned idle = __ballot_sync(0xffffffffu, !busy);
             const int mine = taken + __popc(idle & ((1u << lane) - 1));
             if (!busy && mine < queued) {
@@ -405,6 +327,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE> set, const int* lis
             }
             taken += __popc(idle);
         }
+        while (busy) busy = step_entry();
         set.count_new(added);
         __syncwarp();  // the queue is read before the next step writes it
     }
@@ -459,13 +382,14 @@ __device__ __noinline__ void copy_item_q(char* smem, const bf16* q, const Sparse
 template <class C, bool UNION, int TABLE, int LIST_KEYS, int MASK_WORDS, class RequestMask, class PartO>
 __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, const char* kv_cache, float kv_scale,
                                                  const char* k_tree, const RequestMask& request_mask,
-                                                 const SparseArgs& a, PartO* part_o, float* part_lse,
-                                                 float scale_log2) {
+                                                 const SparseArgs& a, const int* schedule_table, PartO* part_o,
+                                                 float* part_lse, float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
-    static_assert(SlotSet<TABLE>::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
-    static_assert(C::S_OFF + C::THREADS / 32 * SlotSet<TABLE>::QUEUE_PER_WARP * (int)sizeof(unsigned short) <= C::BAR_OFF,
+    using Set = SlotSet<TABLE, TILE_TOKENS<C::HEADS, C::BM>>;
+    static_assert(Set::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
+    static_assert(C::S_OFF + C::THREADS / 32 * Set::QUEUE_PER_WARP * (int)sizeof(unsigned short) <= C::BAR_OFF,
                   "the insertion queues fit between the ring and the barriers");
-    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_scratch<C>(smem));
+    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_table, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);
     const int row0 = item.row_tile * C::BM, token0 = row0 / C::HEADS, width = a.topk_width;
@@ -484,11 +408,11 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
             // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
             // Rounds take disjoint slots, so their lists append.
-            int size = initial_set_size<TABLE>(tile_tokens * width, item.splits);
+            int size = initial_set_size<Set>(tile_tokens * width, item.splits);
             unsigned mod = 1, rem = 0;
             while (true) {
                 const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
-                const int m = build_union(SlotSet<TABLE>::at(smem, smem + C::S_OFF, size), lists, tile_tokens, width, filter,
+                const int m = build_union(Set::at(smem, smem + C::S_OFF, size), lists, tile_tokens, width, filter,
                                           KeyList{list.slots + count, list.masks + count}, a);
                 if (m < 0) {
                     if (size < TABLE) size *= 2;
@@ -507,7 +431,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             const int entries = tile_tokens * width;  // <= 32 x 65536
             const int per = (entries + item.splits - 1) / item.splits;
             const int e0 = min(entries, item.split * per);  // per <= max_chunk, or one token's entries: <= LIST_KEYS
-            count = build_gather(SlotSet<TABLE>::at(smem, nullptr, SlotSet<TABLE>::MIN_SIZE).scan, list, lists, width, e0,
+            count = build_gather(Set::at(smem, nullptr, Set::MIN_SIZE).scan, list, lists, width, e0,
                                  min(entries, e0 + per), a);
         }
         return count;

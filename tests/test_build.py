@@ -43,7 +43,7 @@ def test_every_kernel_of_the_sm120_plan_compiles_without_spills(path, arch, cach
     p = plan(kgen.load_spec(path))
     assert p.arch.name == "sm_120" and p.tiles.design == "mma_sync"
     built = build(p, [arch], cache)
-    sparse = {"sparse_attn", "sparse_combine"} if p.spec.model.sparse else set()
+    sparse = {"sparse_attn", "sparse_schedule", "sparse_combine"} if p.spec.model.sparse else set()
     assert {b.variant.kernel for b in built} == {"prefix_attn", "verify_attn", "tree_attn", "lse_combine", "lse_merge",
                                                  "split_schedule",
                                                  "kv_defrag", *sparse}

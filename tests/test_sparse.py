@@ -15,6 +15,7 @@ from kgen.build import build
 from kgen.cache import KernelCache
 from kgen.errors import SpecError
 from kgen.plan import plan
+from kgen.render import render
 from kgen.sparse import check_distinct
 from kgen.sparse_plan import MAX_TABLE, list_capacity
 from kgen.sparse_testing import indexer_lists, make_sparse_inputs, prefix_slots
@@ -93,7 +94,7 @@ def test_the_sparse_kernels_compile_without_spills_and_use_the_tensor_cores(arch
     p = plan(parse_spec(data), arch)
     built = build(p.__class__(p.spec, p.arch, p.tiles, tuple(v for v in p.variants if v.name.startswith("sparse")),
                               p.budget), [arch], KernelCache(tmp_path_factory.mktemp("cache")), inspect=True)
-    assert [b.variant.name for b in built] == ["sparse_verify_attn", "sparse_gather_attn", "sparse_combine"]
+    assert [b.variant.name for b in built] == ["sparse_verify_attn", "sparse_gather_attn", "sparse_schedule", "sparse_combine"]
     for b in built:
         assert b.problems() == [], (b.variant.name, b.problems())  # no spills or local memory; MMAs fed by bulk copies
         if arch == "sm_120":
@@ -115,7 +116,7 @@ def test_the_sparse_partial_states_hold_o_in_bf16(arch):
     (dense_ctype,) = [x.ctype for x in p.variant("lse_combine").params if x.name == "part_o"]
     assert "float*" in dense_ctype  # the dense path's partials stay fp32
     grid, batch = 200, 3
-    off_lse, _, _, _ = sparse_workspace_layout(SimpleNamespace(spec=p.spec, bm=32, list_keys=8192), grid, batch)
+    off_lse, *_ = sparse_workspace_layout(SimpleNamespace(spec=p.spec, bm=32, list_keys=8192), grid, batch)
     assert grid * 32 * 512 * 2 <= off_lse < grid * 32 * 512 * 2 + 1024
 
 
@@ -274,10 +275,14 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
 # ---- the sparse step's launches, on the CPU (stand-in kernels decode each launch's arguments) ----
 
 def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(seed):
+    """A prepared step's first call writes its schedule table first (sparse_schedule, one CTA per
+    attention CTA), every call is then two launches; reschedule() writes the table again; a one-shot
+    call keeps none."""
     from test_step import ptr, stub_module
 
     from kgen.kernels import SPARSE_COMBINE
     from kgen.sparse import UNBOUNDED, sparse_workspace_layout
+    from kgen.splitkv import table_bytes
 
     mod = stub_module("glm5_dsa_bf16_sm120", sm_count=132)
     x = make_sparse_inputs(mod.spec, [5, 16, 0, 2], [300, 4000, 10, 0], 512, holes=0.1, generator=gen(seed))
@@ -287,9 +292,16 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
         mod.launches.clear()
         step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask, union=union)
         step.verify(b.q, b.kv_cache, b.k_tree, out=out, lse=lse)
-        assert [name for name, *_ in mod.launches] == [("sparse_verify_attn" if union else "sparse_gather_attn"),
-                                                       "sparse_combine"]
-        (_, grid, _, attn, _), (_, combine_grid, _, combine, combine_threads) = mod.launches
+        name = "sparse_verify_attn" if union else "sparse_gather_attn"
+        assert [name for name, *_ in mod.launches] == ["sparse_schedule", name, "sparse_combine"]
+        writes, calls = mod.launches[:1], mod.launches[1:]
+        mod.launches.clear()
+        step.verify(b.q, b.kv_cache, b.k_tree, out=out, lse=lse)
+        assert mod.launches == calls  # the table is written once
+        mod.launches.clear()
+        step.reschedule()
+        assert mod.launches == writes
+        (_, grid, _, attn, _), (_, combine_grid, _, combine, combine_threads) = calls
         tokens, batch, heads = b.q.shape[0], 4, mod.spec.model.num_q_heads
         row_tiles = -(-tokens * heads // 32) + batch  # the rule: one wave plus a CTA per row tile a request starts
         cap = 4096
@@ -297,17 +309,55 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
         assert combine_grid == tokens * heads
         assert combine_threads == SPARSE_COMBINE.threads(512, tokens * heads, grid, 32, batch, 132)
         base = step.workspace.data_ptr()
-        off_lse, off_meta, off_lists, size = sparse_workspace_layout(mod._sparse, grid, batch)
+        off_lse, off_meta, off_lists, off_table, size = sparse_workspace_layout(mod._sparse, grid, batch)
         assert step.workspace.numel() == size and off_lists - off_meta >= batch * 16
-        assert size - off_lists >= grid * 2 * (4 * 2048) * 4  # every CTA's list: LIST_KEYS slots and masks
+        assert off_table - off_lists >= grid * 2 * (4 * 2048) * 4  # every CTA's list: LIST_KEYS slots and masks
+        assert size - off_table >= table_bytes(grid, batch)
+        rule = dict(qo_indptr=ptr(b.qo_indptr), topk_width=512, batch=batch, target_ctas=132, min_chunk=64,
+                    max_chunk=UNBOUNDED if union else cap, max_nodes=64, total_tokens=tokens)
+        [(_, schedule_grid, _, schedule, _)] = writes
+        table = base + off_table
+        assert schedule_grid == grid and schedule == dict(**rule, table=table)
         assert attn == dict(q=ptr(b.q), kv_cache=ptr(b.kv_cache), kv_scale=1.0, k_tree=ptr(b.k_tree),
-                            tree_mask=ptr(b.tree_mask), qo_indptr=ptr(b.qo_indptr), topk_indices=ptr(x.topk_indices),
-                            topk_width=512, batch=batch, target_ctas=132, min_chunk=64,
-                            max_chunk=UNBOUNDED if union else cap, max_nodes=64, total_tokens=tokens, validate=0,
+                            tree_mask=ptr(b.tree_mask), topk_indices=ptr(x.topk_indices), **rule, validate=0,
                             error_flag=ptr(mod.state.error_flag), req_meta=base + off_meta, part_o=base,
-                            part_lse=base + off_lse, lists=base + off_lists, num_slots=b.kv_cache.shape[0])
+                            part_lse=base + off_lse, lists=base + off_lists, num_slots=b.kv_cache.shape[0],
+                            schedule_table=table)
         assert combine == dict(part_o=base, part_lse=base + off_lse, qo_indptr=ptr(b.qo_indptr),
                                req_meta=base + off_meta, batch=batch, o=ptr(out), lse=ptr(lse))
+    mod.launches.clear()
+    mod.sparse_verify_attention(b.q, b.kv_cache, b.k_tree, b.qo_indptr, x.topk_indices, b.op_mask, out=out, lse=lse)
+    assert [name for name, *_ in mod.launches] == ["sparse_verify_attn", "sparse_combine"]
+    assert mod.launches[0][3]["schedule_table"] == 0  # one call: its CTAs find their items
+
+
+def test_the_sparse_kernels_read_a_schedule_table_where_their_plan_builds_them_so():
+    """Every sparse kernel takes its items from a step's table but the sm_120 plan's over fp8 rows
+    (the union kernel's over the DSA pool's rows aside), whose read spilled them (kgen/sparse_plan.py
+    NO_TABLE); a kernel built without it is passed none."""
+    for kv, scales, sm120 in (("bfloat16", None, (True, True)), ("float8_e4m3fn", "per_tensor", (False, False)),
+                              ("float8_e4m3fn", "per_block", (True, False))):
+        data = spec_data()
+        data["cache"].update({"kv_dtype": kv, "scales": scales})
+        for arch in ("sm_120", "sm_90"):
+            p = plan(parse_spec(data), arch)
+            reads = tuple(p.variant(n).constants["SCHEDULE_TABLE"] for n in ("sparse_verify_attn", "sparse_gather_attn"))
+            assert reads == (sm120 if arch == "sm_120" else (True, True)), (kv, scales, arch)
+            for name, read in zip(("sparse_verify_attn", "sparse_gather_attn"), reads):
+                assert ("schedule_table," in render(p.variant(name))) == read
+
+
+def test_validate_mode_sparse_steps_keep_no_schedule_table(seed, monkeypatch):
+    """Under KGEN_VALIDATE=1 the kernels find their items themselves (that is where the lengths are
+    checked): no table, no sparse_schedule launch, reschedule() launches nothing."""
+    from test_step import stub_module
+
+    monkeypatch.setenv("KGEN_VALIDATE", "1")
+    mod = stub_module("glm5_dsa_bf16_sm120")
+    x = make_sparse_inputs(mod.spec, [4, 2], [300, 9], 64, generator=gen(seed))
+    step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
+    step.reschedule()
+    assert mod.launches == [] and step.schedule_table == 0
 
 
 def test_a_step_whose_key_lists_outgrow_32_bit_indices_is_refused(seed):
@@ -363,8 +413,8 @@ def test_a_sparse_step_reads_the_dsa_pools_rows(seed):
     for k_tree, quantized in ((b.k_tree, True), (quantize_rows(b.k_tree, 512), False)):
         mod.launches.clear()
         step.verify(b.q, b.kv_cache, k_tree)
-        (name, _, _, attn, _), _ = mod.launches
-        assert name == "sparse_verify_attn" and attn["kv_cache"] == ptr(b.kv_cache)
+        (attn,) = [args for name, _, _, args, _ in mod.launches if name == "sparse_verify_attn"]
+        assert attn["kv_cache"] == ptr(b.kv_cache)
         assert attn["num_slots"] == b.kv_cache.shape[0] and attn["kv_scale"] == 1.0
         assert (attn["k_tree"] != ptr(k_tree)) == quantized
     with pytest.raises(ValueError, match="carry their own block scales"):

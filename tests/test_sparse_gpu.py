@@ -214,6 +214,55 @@ def test_repeated_calls_agree(sparse_module, cuda, seed, arch):
                     torch.testing.assert_close(l, calls[0][1], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
+@pytest.mark.parametrize("spec_name, union", [("glm5_dsa_sm120", True), ("glm5_dsa_bf16_sm120", False)],
+                         ids=["union", "gather"])  # kernels both plans build with the table's read
+def test_a_step_reads_its_work_items_from_its_schedule_table_while_it_matches_qo_indptr(sparse_module, cuda, seed,
+                                                                                        arch, spec_name, union):
+    """A prepared sparse step's kernel takes its work items from the step's schedule table: items
+    spoiled in a current table spoil the call (so the table is what it reads), reschedule() mends
+    it, and a qo_indptr refilled since the table was written makes the CTAs find their items
+    themselves (templates/sparse_schedule.cuh)."""
+    from kgen.sparse import sparse_workspace_layout
+    from kgen.splitkv import table_items
+
+    mod = sparse_module(spec_name, arch)
+    g = torch.Generator(cuda).manual_seed(seed)
+    first, second = (make_sparse_inputs(mod.spec, sizes, lens, 2048, shared=0.6, holes=0.05, device=cuda, generator=g)
+                     for sizes, lens in (([16, 5, 9], [9000, 300, 4000]), ([9, 16, 5], [100, 12000, 2500])))
+    meta = {"qo_indptr": first.base.qo_indptr.clone(), "topk": first.topk_indices.clone(),
+            "mask": first.base.op_mask.clone()}
+    step = mod.prepare_sparse(meta["qo_indptr"], meta["topk"], meta["mask"], union=union)
+    _, req_meta, _, table, _ = sparse_workspace_layout(mod._sparse, step.grid, step.batch)
+    assert step.schedule_table == step.workspace.data_ptr() + table
+    items = table + table_items(step.batch)
+
+    def call(x, *, spoiled=False):
+        if spoiled:  # every CTA's item: none; and the partial states of the last call gone
+            step.workspace[items:items + 16 * step.grid].view(torch.int32).fill_(-1)
+            step.workspace[:req_meta].fill_(0xFF)
+        out, lse = x.base.outputs()
+        step.verify(x.base.q, x.base.kv_cache, x.base.k_tree, **x.base.kv_kwargs, out=out, lse=lse)
+        torch.cuda.synchronize()
+        return out, lse
+
+    def check(x, what, **kwargs):
+        assert_close_attention(*call(x, **kwargs), *x.ref(), **tolerances(mod.spec), what=what)
+
+    check(first, "the first call (it writes the table)")
+    out, _ = call(first, spoiled=True)
+    assert out.float().isnan().any() or not torch.allclose(out.float(), first.ref()[0].float(), atol=0.1), \
+        "a current table's items are what the kernel runs"
+    step.reschedule()
+    check(first, "rescheduled")
+    meta["qo_indptr"].copy_(second.base.qo_indptr)
+    meta["topk"].copy_(second.topk_indices)
+    meta["mask"].copy_(second.base.op_mask)
+    check(second, "refilled over a spoiled table", spoiled=True)
+    step.reschedule()
+    check(second, "refilled and rescheduled")
+
+
 def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
     mod = sparse_module("glm5_dsa_sm120", None)
     x = make_sparse_inputs(mod.spec, [16, 3], [5000, 100], 2048, device=cuda,

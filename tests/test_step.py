@@ -33,9 +33,9 @@ from kgen.loading import LoadedPlans
 from kgen.ops import Module
 from kgen.plan import plan
 from kgen.runtime import Kernel
-from kgen.splitkv import MIN_SPLIT_TILES
 from kgen.signature import Param, ParamLayout
-from kgen.step import table_bytes, table_items, workspace_layout
+from kgen.splitkv import MIN_SPLIT_TILES, table_bytes, table_items
+from kgen.step import workspace_layout
 from kgen.inputs import make_verify_inputs
 
 from conftest import spec_named
@@ -317,10 +317,10 @@ def test_reschedule_writes_the_tables_of_the_kernels_a_step_has_run_and_one_shot
 
 def test_the_schedule_tables_layout_is_the_headers():
     from kgen import render
-    from kgen.step import _STAMP_WORDS
+    from kgen.splitkv import STAMP_WORDS
 
     header = render.headers()["kgen/schedule.cuh"]
-    assert f"constexpr int STAMP_WORDS = {_STAMP_WORDS}," in header
+    assert f"constexpr int STAMP_WORDS = {STAMP_WORDS}," in header
     assert "(STAMP_WORDS + 2 * batch + 1 + 3) / 4 * 4" in header  # items_word: table_items / 4
     assert table_bytes(10, 3) == table_items(3) + 16 * 10 + 16 * 3 and table_items(3) == 80
 

@@ -163,7 +163,7 @@ def test_a_step_reads_its_work_items_from_its_schedule_table_while_it_matches_th
     current table spoil the call (so the table is what they read), Step.reschedule() mends it, and
     lengths refilled since the table was written make the kernels find their items themselves."""
     from kgen.kernels import VERIFY
-    from kgen.step import table_items
+    from kgen.splitkv import table_items
 
     mod = module_for("glm5_sm120")
     g = generator(cuda, seed)
