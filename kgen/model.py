@@ -24,11 +24,14 @@ is refilled only once its tile is consumed, so a tile takes
     tile = max(compute, (latency_us + compute) / STAGES,
                KV bytes the running CTAs read per tile / (dram_efficiency * bandwidth))
 
-Work items run on sm_count x CTAs-per-SM slots in index order (waves); each first pays
-startup_us (schedule, Q, the first tile's latency), then its tiles. A fluid simulation advances
-all running CTAs together. Call time = that makespan + combine_us + the partial states read once.
+Work items run on sm_count x CTAs-per-SM slots in index order (waves); each first pays its
+startup, then its tiles. A fluid simulation advances all running CTAs together. Call time = that
+makespan + combine_us + the partial states read once. A work item's startup is what it does
+outside its tile loop, the same terms for every design, its bytes from its plan:
 
-overlap, barrier_cycles, dram_efficiency, startup_us and combine_us are fitted to H200
+    startup = startup_us + (its Q rows + its partial state's BM rows) bytes / item_gbps
+
+overlap, barrier_cycles, dram_efficiency, startup_us, item_gbps and combine_us are fitted to H200
 measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they describe the loop design and the
 memory system's efficiency, the rates describe the arch.
 
@@ -55,7 +58,7 @@ from .kernels import COMBINE, COMBINE_STATE_BATCH
 from .occupancy import occupancy
 from .plan import Plan, plan
 from .model_sim import Item, Shape, simulate, work_items
-from .splitkv import ceil_div
+from .splitkv import ceil_div, row_tiles_of
 from .spec import Spec
 from .variant import Variant
 
@@ -73,7 +76,8 @@ class Calibration:
     barrier_cycles: float  # per barrier a warp waits on per tile (drains the phase before it)
     dram_efficiency: float  # of the copy bandwidth, for bulk copies of scattered KV rows
     latency_us: float  # from a stage's refill to its bytes landing: STAGES tiles per (latency + compute)
-    startup_us: float  # per work item before its first tile computes
+    startup_us: float  # per work item: its launch, schedule and first tile's fill (any design)
+    item_gbps: float  # per CTA: the rate of a work item's own bytes (its Q rows in, its partial state out)
     combine_us: float  # the combine kernel's launch and its own startup
     state_us: float  # per round of loads in a combine CTA's chain (4 states a group of its threads)
     quantize_us: float  # an fp8 verify call's quantization of bf16 tree keys (torch kernels; not for stored keys)
@@ -90,11 +94,12 @@ def calibration(design: str = "mma_sync") -> Calibration:
     return Calibration(**{**data["calibration"], **data.get("designs", {}).get(design, {})})
 
 
-# How a loop design's pipes overlap, what its barriers cost, how much of the DRAM bandwidth its
-# copies reach and what a work item pays before its first tile (schedule, Q's staging: a 160-thread
-# 16-row CTA starts sooner than the seesaw's three warpgroups) are the design's own (fitted on its
-# measurements); the copy latency and the combine's terms are shared by all designs.
-DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency", "startup_us")
+# How a loop design's pipes overlap, what its barriers cost and how much of the DRAM bandwidth its
+# copies reach are the design's own (fitted on its measurements); a work item's startup, the copy
+# latency and the combine's terms are shared by all designs: a design's startup differs by the
+# bytes its tiling moves (Call.startup_us), not by a constant of its own, which its long calls
+# could not pin (fitted per design, the short calls left out of the fit were 24-27% off).
+DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency")
 
 
 ROW_TILE_16_TERMS = "mma_sync16"  # terms_of's name for the 16-row mma.sync tiles' terms
@@ -237,6 +242,19 @@ class Call:
     def slots(self) -> int:
         return self.arch.sm_count * self.plan.tiles.min_blocks
 
+    @property
+    def item_bytes(self) -> float:
+        """Bytes a work item moves outside its tile loop: its request's share of Q rows (bf16) in, and
+        its partial state out, every one of the BM rows (templates/attention.cuh attend_end)."""
+        m, t, s = self.spec.model, self.plan.tiles, self.shape
+        q_rows = s.T * s.H / row_tiles_of(s.T, s.H, t.bm, t.cluster)
+        return q_rows * m.head_dim * 2 + t.bm * (m.value_dim * self.part_o_bytes + 4)
+
+    def startup_us(self, cal: Calibration) -> float:
+        """What a work item pays before its tiles: the shared per-item cost, and its own bytes at the
+        per-CTA rate (a 16-row decode CTA starts sooner than a verify CTA of 64 rows)."""
+        return cal.startup_us + self.item_bytes / (cal.item_gbps * 1e3)
+
     def predict(self, cal: Calibration | None = None) -> Prediction:
         cal = cal or calibration(terms_of(self.plan.tiles))
         arch, spec, shape = self.arch, self.spec, self.shape
@@ -246,7 +264,8 @@ class Call:
         if ring_us > compute_us:
             compute_us, pipe = ring_us, "latency"
         bandwidth = cal.dram_efficiency * arch.dram_gbps * 1e3  # bytes per us
-        makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, cal.startup_us)
+        startup = self.startup_us(cal)
+        makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, startup)
         # the combine: one CTA per output row reads the row's states, a latency chain of
         # combine_rounds batches per wave of rows, or all states at the DRAM bandwidth — unless they
         # are still in L2: a call whose KV and partials fit half of it (a server's layers, and the
@@ -261,7 +280,7 @@ class Call:
         if spec.cache.kv_dtype != "bfloat16" and not shape.decode and not shape.stored_tree:
             combine += cal.quantize_us  # (per-call time, counted with the combine)
         us = makespan + combine
-        per_call = combine + cal.startup_us * ceil_div(len(self.items), self.slots)  # startups per wave, combine
+        per_call = combine + startup * ceil_div(len(self.items), self.slots)  # startups per wave, combine
         shares = {"dram": dram_bound, pipe: us - dram_bound - per_call, "per-call": per_call}
         return Prediction(shape, arch.name, self.plan.tiles, us, max(shares, key=shares.get),
                           floor(spec, shape, arch), compute_us, pipe_cycles(self.work, arch), len(self.items))

@@ -22,8 +22,8 @@ from kgen.tuning import Bucket
 ROOT = Path(__file__).resolve().parents[1]
 SPEC_DIR = ROOT / "specs"
 MAIN = Shape(8, 16, 131072, 1)  # B=1, T=16, L=131072, H=8
-CAL = Calibration(overlap=0.0, barrier_cycles=0.0, dram_efficiency=0.75, latency_us=0.0, startup_us=8.0,
-                  combine_us=6.0, state_us=0.13, quantize_us=10.0)
+CAL = Calibration(overlap=0.0, barrier_cycles=0.0, dram_efficiency=0.75, latency_us=0.0, startup_us=2.0,
+                  item_gbps=20.0, combine_us=6.0, state_us=0.13, quantize_us=10.0)
 
 
 def spec(name: str):
@@ -188,6 +188,29 @@ def test_simulation_waves_and_dram_sharing():
     assert span == pytest.approx(30.0) and dram == pytest.approx(30.0)
     short_and_long = [Item(2, 0.0), Item(10, 0.0), Item(10, 0.0)]  # the third starts when the short one ends
     assert simulate(short_and_long, 2, 1.0, 1.0, 0.0)[0] == pytest.approx(12.0)
+
+
+def test_a_work_items_startup_is_the_shared_term_and_its_own_bytes():
+    """No design has a startup constant of its own: a work item pays startup_us and its Q rows in and
+    its partial state's BM rows out at item_gbps, so decode's 8 rows a CTA start sooner than a
+    verify's full row tiles, and 16-row tiles sooner than the seesaw's 64."""
+    from dataclasses import replace
+
+    from kgen.model import call
+
+    assert "startup_us" not in model.DESIGN_TERMS
+    glm5 = spec("glm5_sm120")
+    decode16, verify16, verify64 = (call(glm5, shape, "sm_90", plan_for="sm_90", tiles=tiles) for shape, tiles in (
+        (Shape(8, 1, 4096, 1), MmaSyncTiles(16, 32, 1, 4, 1)), (Shape(8, 16, 4096, 1), MmaSyncTiles(16, 32, 1, 4, 1)),
+        (Shape(8, 16, 4096, 1), SeesawTiles())))
+    state = 512 * 4 + 4  # a partial state's row: fp32 o and its lse
+    assert decode16.item_bytes == 8 * 576 * 2 + 16 * state  # H = 8 rows of Q in a 16-row tile
+    assert verify16.item_bytes == 16 * 576 * 2 + 16 * state and verify64.item_bytes == 64 * (576 * 2 + state)
+    assert decode16.startup_us(CAL) == pytest.approx(CAL.startup_us + decode16.item_bytes / 20e3)
+    assert decode16.startup_us(CAL) < verify16.startup_us(CAL) < verify64.startup_us(CAL)
+    # a one-wave call's time moves by exactly its startup: the items start together
+    slower = replace(CAL, item_gbps=10.0)
+    assert decode16.predict(slower).us - decode16.predict(CAL).us == pytest.approx(decode16.item_bytes / 20e3)
 
 
 def test_floor_uses_the_mma_type_of_the_spec():
