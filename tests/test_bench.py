@@ -183,8 +183,8 @@ def test_warm_plans_what_the_gpu_tests_load():
 def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_checkout_alone(tmp_path, monkeypatch):
     """bench/cta_trace.py patches copies of the attention headers: its anchors must still be there,
     and the traced verify kernels must compile (NVRTC, sm_90) with their points' timer and clock reads:
-    5 in the seesaw loop (the sm_90 plan), 9 in the mma.sync loop (the sm_120 plan), 13 in the sparse
-    verify kernel of both plans (on the mma.sync loop, with the schedule's and the key list's)."""
+    5 in the seesaw loop (the sm_90 plan), 9 in the mma.sync loop (the sm_120 plan), 15 in the sparse
+    verify kernel of both plans (on the mma.sync loop, with the schedule's, Q's copies and the key list's)."""
     from bench import cta_trace
     from kgen import render, sass
     from kgen.build import build_variant
@@ -193,7 +193,7 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
 
     plain = render.headers()
     traced = cta_trace.traced_headers()()
-    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 17
+    assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 19
     assert sum(traced[name].count("KGEN_TRACE_AT(") for name in cta_trace.PATCHES) == 4
     assert not any("KGEN_TRACE" in text for text in plain.values())
     assert render.headers() == plain  # the checkout's headers are untouched
@@ -202,8 +202,8 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
     sparse = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_dsa_sm120.yaml")
     # (the seesaw loop's: its consumer points once per consumer role, and the ring's set-up)
     for spec, kernel, arch, points in ((spec, "verify_attn", "sm_90", 14), (spec, "verify_attn", "sm_120", 9),
-                                       (sparse, "sparse_verify_attn", "sm_90", 13),
-                                       (sparse, "sparse_verify_attn", "sm_120", 13)):
+                                       (sparse, "sparse_verify_attn", "sm_90", 15),
+                                       (sparse, "sparse_verify_attn", "sm_120", 15)):
         disasm = sass.dump(build_variant(plan(spec, arch).variant(kernel), "sm_90", KernelCache(tmp_path)).cubin)
         assert disasm.count("GLOBALTIMER") == points and disasm.count("SR_CLOCK") >= points, (kernel, arch)
 
@@ -255,13 +255,17 @@ def test_cta_trace_summary_splits_the_sparse_verifys_phases():
 
     us = 1000  # global timer ns per us
     #      0 start, 1 item, 2 attended, 3 -, 4 Q, 5 listed keys, 6 tree, 7 list built, 8 ring set up,
-    #      9 schedule's sums, 10 set cleared, 11 entries scanned, 12 list written; then the 16 clocks
-    row = [1 * us, 2 * us, 30 * us, 0, 14 * us, 24 * us, 26 * us, 12 * us, 13 * us, 1500, 3 * us, 9 * us, 11 * us]
-    row = row + [0] * 3 + [1] * 16 + [0] * 16  # no seesaw accumulators
+    #      9 schedule's sums, 10 set cleared, 11 entries scanned, 12 list written, 13 -, 14 Q's copies
+    #      issued, 15 the union's round started; then the 16 clocks
+    row = [1 * us, 2 * us, 30 * us, 0, 14 * us, 24 * us, 26 * us, 12 * us, 13 * us, 1500, 3 * us, 9 * us, 11 * us,
+           0, 2250, 2500]
+    row = row + [1] * 16 + [0] * 16  # no seesaw accumulators
     lines = summary(torch.tensor([row], dtype=torch.int64).flatten(), 31.0, SPARSE_PHASES)
-    assert lines[4:16] == ["  schedule: sums, chunk, us: median 0.50, max 0.50",
+    assert lines[4:18] == ["  schedule: sums, chunk, us: median 0.50, max 0.50",
                            "  schedule: scan to the item, us: median 0.50, max 0.50",
-                           "  key list: set cleared, us: median 1.00, max 1.00",
+                           "  Q's copies issued, us: median 0.25, max 0.25",
+                           "  key list: to build_union, us: median 0.25, max 0.25",
+                           "  key list: set cleared, us: median 0.50, max 0.50",
                            "  key list: entries scanned, us: median 6.00, max 6.00",
                            "  key list: list written, us: median 2.00, max 2.00",
                            "  key list: to its end, us: median 1.00, max 1.00",
