@@ -32,9 +32,27 @@ def dequantize_rows(rows: torch.Tensor) -> torch.Tensor:
     return dequantize_scaled_rows(rows, LATENT) if rows.dtype == torch.uint8 else rows.double()
 
 
+class ReferenceStep:
+    """A stand-in for a prepared sparse step: it keeps the metadata tensors (not their values, as
+    kgen's does) and runs each layer through its module's reference call."""
+
+    def __init__(self, module, qo_indptr, topk_indices, tree_mask, workspace):
+        self.module, self.qo_indptr, self.topk_indices, self.tree_mask = module, qo_indptr, topk_indices, tree_mask
+        self.workspace = workspace
+        self.reschedules = 0
+
+    def reschedule(self) -> None:
+        self.reschedules += 1
+
+    def verify(self, q, kv_cache, k_tree, *, kv_scale=1.0, out=None, lse=None):
+        return self.module.sparse_verify_attention(q, kv_cache, k_tree, self.qo_indptr, self.topk_indices,
+                                                   self.tree_mask, out=out, lse=lse)
+
+
 class ReferenceModule:
     """A stand-in for kgen.jit of a sparse spec: the spec fields kgen's SGLang DSA backend reads,
-    and sparse_verify_attention computed by kgen.reference (recording each call)."""
+    sparse_verify_attention computed by kgen.reference (recording each call) and prepared steps
+    over it (recorded too)."""
 
     def __init__(self, *, heads: int, index_topk: int, max_nodes: int, scale: float, kv_dtype: str = "bfloat16",
                  page_size: int = 64, device="cpu"):
@@ -46,6 +64,14 @@ class ReferenceModule:
             cache=types.SimpleNamespace(kv_dtype=kv_dtype, page_size=page_size),
             tree=types.SimpleNamespace(nodes=max_nodes, mask_words=(max_nodes + 31) // 32))
         self.calls: list[dict] = []
+        self.steps: list[ReferenceStep] = []
+
+    def prepare_sparse(self, qo_indptr, topk_indices, tree_mask=None, *, workspace=None):
+        self.steps.append(ReferenceStep(self, qo_indptr, topk_indices, tree_mask, workspace))
+        return self.steps[-1]
+
+    def sparse_workspace_bytes(self, num_tokens: int, batch: int) -> int:
+        return 256 * (num_tokens + batch)
 
     def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, out=None, lse=None):
         self.calls.append(dict(topk_indices=topk_indices.clone(), tree_mask=tree_mask.clone()))

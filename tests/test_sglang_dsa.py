@@ -16,6 +16,8 @@ server-arg resolution) against the installed SGLang.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from sparse_reference import ReferenceModule, dequantize_rows
@@ -158,6 +160,34 @@ def test_attend_runs_kgens_sparse_verify_on_the_split_and_matches_attention_from
     assert torch.equal(call["topk_indices"], batch.expected_split()[0])
 
 
+def test_the_layers_of_a_batch_run_one_prepared_step_over_their_own_lists(seed):
+    """Each layer has its own top-k lists: the batch's one prepared step reads them from the buffers
+    every layer's split writes (the step keeps their addresses), so layer 2 sees its lists, not
+    layer 1's. Lists of another width than the spec's top-k take a one-shot call."""
+    gen = torch.Generator().manual_seed(seed)
+    kd = kgen_dsa()
+    lens = [9, 3, 14]
+    batch = Batch(lens, 5, 16, gen)  # 16 = the stand-in spec's index_topk
+    rows = torch.randn(SLOTS, D, generator=gen).to(torch.bfloat16).unsqueeze(1)
+    tree = kd.plan(batch.tree_slots, torch.tensor(lens), 5, custom_mask=_sglang_mask(batch))
+    step, = kd.module.steps
+    assert tree.step is step and step.topk_indices is tree.lists and step.tree_mask is tree.mask
+    layer2 = copy.copy(batch)
+    layer2.lists = batch.lists[:, torch.randperm(16, generator=gen)].masked_fill(torch.rand(15, 16, generator=gen) < 0.3, -1)
+    for i, layer in enumerate((batch, layer2)):
+        q = torch.randn(15, H, D, generator=gen).to(torch.bfloat16)
+        out = kd.attend(q[..., :DV].reshape(15, H * DV), q[..., DV:], rows, layer.lists, tree)
+        want = _direct(layer, q.double(), dequantize_rows(rows))
+        assert float((out.double() - want).norm() / want.norm()) <= 1e-2
+        assert torch.equal(kd.module.calls[i]["topk_indices"], layer.expected_split()[0])
+    assert len(kd.module.steps) == 1
+    before = tree.lists.clone()
+    q = torch.randn(15, H, D, generator=gen).to(torch.bfloat16)
+    kd.attend(q[..., :DV].reshape(15, H * DV), q[..., DV:], rows, batch.lists[:, :12], tree)
+    assert torch.equal(tree.lists, before)  # the step's buffers are left alone
+    assert kd.module.calls[2]["topk_indices"].shape == (15, 12)
+
+
 def test_decode_is_a_one_token_tree_whose_own_row_counts_when_listed(seed):
     gen = torch.Generator().manual_seed(seed)
     kd = kgen_dsa()
@@ -186,6 +216,11 @@ def test_the_graph_plan_rewrites_fixed_buffers_and_equals_the_eager_plan(seed):
         got = kd.split(batch.lists, fixed)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert {k: v.data_ptr() for k, v in kd.graph.items()} == ptrs
+    # one step for the batch shape (3 x 5 and 2 x 5: two), kept across plans, rescheduled at each
+    steps = [s for s in kd.module.steps if s.workspace is not None]
+    assert [s.reschedules for s in steps] == [1, 1] and all(s.workspace is kd._graph_workspace for s in steps)
+    again = kd.plan(batch.tree_slots, torch.tensor([2, 30]), 5, custom_mask=_sglang_mask(batch), graph=True)
+    assert again.step is steps[1] and steps[1].reschedules == 2 and steps[1].topk_indices.data_ptr() == ptrs["lists"]
 
 
 def test_too_many_draft_tokens_is_a_clear_error():

@@ -206,8 +206,8 @@ class _KgenDSAMethods(BatchHooks):
         self.kgen.init_graph(max_bs, max(1, self.speculative_num_draft_tokens or 1))
 
     def _kgen_prepare(self, fb, *, graph: bool, capture: bool = False) -> None:
-        """This batch's tree (graph: in the fixed buffers, the same at capture and every replay;
-        kgen's op runs per layer on the lists, so there is no step to keep)."""
+        """This batch's tree and its prepared sparse step, which every layer runs on its own lists
+        (graph: in the fixed buffers, the step of the batch shape kept from capture to every replay)."""
         mode = kgen_mode(fb) if self.kgen is not None else None
         self.kgen_mode, self._kgen_tree = mode, None
         if mode is None:
