@@ -302,6 +302,20 @@ struct ScheduleTable {
     __device__ __forceinline__ int4* req_meta(int grid) const { return items() + grid; }
 };
 
+// A table found current: this CTA's item into sc->found; CTA 0 also copies the table's req_meta
+// for the combine (read_schedule_table, read_sparse_table).
+__device__ __forceinline__ void take_table_item(const ScheduleTable& t, int4 item, int4* req_meta, ScheduleScratch* sc) {
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < t.batch; i += blockDim.x) req_meta[i] = t.req_meta(gridDim.x)[i];
+    if (threadIdx.x == 0) {
+        sc->found[0] = item.x;
+        sc->found[1] = item.y;
+        sc->found[2] = item.z;
+        sc->found[3] = item.w;
+    }
+    __syncthreads();
+}
+
 // The stamp of a schedule: everything find_work_item's choice depends on but the lengths.
 template <int HEADS, int BM, int BN, int GROUP>
 __device__ __forceinline__ void stamp_of(const ScheduleArgs& a, int (&w)[STAMP_WORDS]) {
@@ -346,15 +360,7 @@ __device__ __forceinline__ bool read_schedule_table(const ScheduleArgs& a, Sched
     for (int i = threadIdx.x; i <= a.batch; i += blockDim.x) stale |= t.lengths()[i] != a.qo_indptr[i];
     for (int i = threadIdx.x; i < a.batch; i += blockDim.x) stale |= t.lengths()[a.batch + 1 + i] != a.kv_lens[i];
     if (__syncthreads_or(stale)) return false;
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < a.batch; i += blockDim.x) a.req_meta[i] = t.req_meta(gridDim.x)[i];
-    if (threadIdx.x == 0) {
-        sc->found[0] = item.x;
-        sc->found[1] = item.y;
-        sc->found[2] = item.z;
-        sc->found[3] = item.w;
-    }
-    __syncthreads();
+    take_table_item(t, item, a.req_meta, sc);
     return true;
 }
 

@@ -132,9 +132,9 @@ __device__ __forceinline__ void write_sparse_table(SparseArgs a, int* words, Sch
 }
 
 // This CTA's item from the table into sc->found, if the table was made for this call's schedule and
-// qo_indptr; CTA 0 then copies the table's req_meta for the combine. The dense read_schedule_table's
-// steps over its own stamp and lengths: one function for both rescheduled the sm_90 plan's dense
-// seesaw kernels (783 SASS lines moved, bench/NOTES.md v86), which only a GPU A/B could clear.
+// qo_indptr (take_table_item, as the dense read_schedule_table). The stamp and length checks stay
+// apart from the dense ones: one function for both rescheduled the sm_90 plan's dense seesaw
+// kernels (783 SASS lines moved, bench/NOTES.md v86), which only a GPU A/B could clear.
 template <int HEADS, int BM>
 __device__ __noinline__ bool read_sparse_table(const SparseArgs a, const int* table, ScheduleScratch* sc) {
     const ScheduleTable t{const_cast<int*>(table), a.batch};
@@ -148,15 +148,7 @@ __device__ __noinline__ bool read_sparse_table(const SparseArgs a, const int* ta
     }
     for (int i = threadIdx.x; i <= a.batch; i += blockDim.x) stale |= t.lengths()[i] != a.qo_indptr[i];
     if (__syncthreads_or(stale)) return false;
-    if (blockIdx.x == 0)
-        for (int i = threadIdx.x; i < a.batch; i += blockDim.x) a.req_meta[i] = t.req_meta(gridDim.x)[i];
-    if (threadIdx.x == 0) {
-        sc->found[0] = item.x;
-        sc->found[1] = item.y;
-        sc->found[2] = item.z;
-        sc->found[3] = item.w;
-    }
-    __syncthreads();
+    take_table_item(t, item, a.req_meta, sc);
     return true;
 }
 
