@@ -26,6 +26,7 @@ ap.add_argument("--shape", default="1,16,131072", help="B,T,L")
 ap.add_argument("--shared", type=float, default=0.7, help="sparse specs: the share of K every token of a request lists")
 ap.add_argument("--gather", action="store_true", help="sparse specs: the per-token-gather kernel instead of the union")
 ap.add_argument("--empty-lists", action="store_true", help="sparse specs: lists of -1 only (the scan, the tree and the fixed costs)")
+ap.add_argument("--calls", type=int, default=1, help="calls before --kernels' (ncu: --launch-skip picks one)")
 ap.add_argument("--kernels", action="store_true", help="print per-kernel GPU times of 10 calls")
 ap.add_argument("--tiles", default=None, help="a tiling instead of the plan's (e.g. wgmma:32,3,1)")
 ap.add_argument("--peer", default=None, help="a peer's call on the same shape (chain trees) instead of kgen's "
@@ -58,7 +59,8 @@ else:
     ins = make_verify_inputs(spec, [t] * b, [l] * b, device="cuda")
     op = ((lambda: mod.prefix_attention(*ins.prefix_args(), **ins.kv_kwargs)) if t == 1
           else (lambda a=ins.verify_args(stored_tree=True): mod.verify_attention(*a, **ins.kv_kwargs)))
-op()
+for _ in range(args.calls):
+    op()
 torch.cuda.synchronize()
 if args.kernels:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
