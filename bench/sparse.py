@@ -162,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     p.add_argument("--time-limit", type=float, default=None, help="start no new shape after this many seconds")
     p.add_argument("--anatomy", action="store_true", help="only the time breakdown of the first shapes")
+    p.add_argument("--tiles", default=None, help="an mma.sync tiling for the sparse kernels instead of the plan's "
+                                                 "(e.g. mma_sync:32,32,2,8,1)")
+    p.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES (default: all)")
     a = p.parse_args(argv)
     import kgen
+    from kgen import designs
 
     from .ceilings import measure as measure_ceilings
 
@@ -172,12 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     device = torch.device("cuda")
     start = time.perf_counter()
-    mod = kgen.jit(kgen.load_spec(a.spec), arch=a.plan_arch)
+    mod = kgen.jit(kgen.load_spec(a.spec), arch=a.plan_arch, tiles=designs.parse(a.tiles) if a.tiles else None)
+    shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
     ceilings = measure_ceilings(device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"sparse-{mod.spec.name}-{mod.plan.arch.name}-{datetime.now():%Y%m%d-%H%M%S}.json"
-    result = {"spec": mod.spec.name, "plan_arch": mod.plan.arch.name, "device": torch.cuda.get_device_name(device),
+    result = {"spec": mod.spec.name, "plan_arch": mod.plan.arch.name, "tiles": a.tiles, "device": torch.cuda.get_device_name(device),
               "ceilings": ceilings.as_dict(), "rows": []}
     print(f"{mod.spec.name} on {result['device']} (plan {mod.plan.arch.name}): copy {ceilings.copy_tbps:.2f} TB/s, "
           f"mma {ceilings.mma_tflops:.0f} TFLOP/s")
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             print(r, flush=True)
         print(f"wrote {path}")
         return 0
-    for shape in SHAPES:
+    for shape in shapes:
         if a.time_limit and time.perf_counter() - start > a.time_limit:
             result.setdefault("skipped", []).append(list(shape))
             continue
