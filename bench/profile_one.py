@@ -28,6 +28,7 @@ ap.add_argument("--gather", action="store_true", help="sparse specs: the per-tok
 ap.add_argument("--empty-lists", action="store_true", help="sparse specs: lists of -1 only (the scan, the tree and the fixed costs)")
 ap.add_argument("--calls", type=int, default=1, help="calls before --kernels' (ncu: --launch-skip picks one)")
 ap.add_argument("--kernels", action="store_true", help="print per-kernel GPU times of 10 calls")
+ap.add_argument("--plan-arch", default=None, help="another arch's plan (sm_120 on an H200)")
 ap.add_argument("--tiles", default=None, help="a tiling instead of the plan's (e.g. wgmma:32,3,1)")
 ap.add_argument("--peer", default=None, help="a peer's call on the same shape (chain trees) instead of kgen's "
                 "(bench/peers.py: flashmla, flashinfer_fa3, flashinfer_fa2)")
@@ -37,7 +38,7 @@ b, t, l = (int(x) for x in args.shape.split(","))
 tiles = designs.parse(args.tiles) if args.tiles else None
 if args.tiles and tiles is None:
     ap.error(f"--tiles {args.tiles!r} is not a tiling ({designs.text_forms()})")
-mod = kgen.jit(spec, tiles=tiles)
+mod = kgen.jit(spec, arch=args.plan_arch, tiles=tiles)
 if spec.model.sparse:
     x = make_sparse_inputs(spec, [t] * b, [l] * b, spec.model.index_topk, shared=args.shared, window=256,
                            device="cuda")
