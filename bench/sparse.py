@@ -20,6 +20,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -168,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     import kgen
     from kgen import designs
+    from kgen.sparse_plan import sparse_tiles
+    from kgen.variant import PlanContext
 
     from .ceilings import measure as measure_ceilings
 
@@ -176,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     device = torch.device("cuda")
     start = time.perf_counter()
-    mod = kgen.jit(kgen.load_spec(a.spec), arch=a.plan_arch, tiles=designs.parse(a.tiles) if a.tiles else None)
+    tiles = designs.parse(a.tiles) if a.tiles else None
+    if a.tiles and tiles is None:
+        p.error(f"--tiles {a.tiles!r} is not a tiling ({designs.text_forms()})")
+    mod = kgen.jit(kgen.load_spec(a.spec), arch=a.plan_arch, tiles=tiles)
+    used = sparse_tiles(PlanContext(mod.spec, mod.plan.arch, mod.plan.tiles, ""))
+    if tiles and not (isinstance(tiles, designs.MmaSyncTiles) and replace(tiles, q_apart=used.q_apart) == used):
+        p.error(f"--tiles {a.tiles!r}: the sparse kernels run {used} instead (kgen/sparse_plan.py sparse_tiles)")
     shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
     ceilings = measure_ceilings(device)
     out = Path(a.out)
