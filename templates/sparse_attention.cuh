@@ -264,7 +264,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
     __syncthreads();
     const int lane = threadIdx.x % 32;
     SlotRange range(a.num_slots);
-    unsigned short* queue = set.queue + (threadIdx.x / 32) * SlotSet<TABLE, TOKENS>::QUEUE_PER_WARP;
+    const unsigned queue = smem_addr(set.queue + (threadIdx.x / 32) * SlotSet<TABLE, TOKENS>::QUEUE_PER_WARP);
     const int entries = tokens * width, step = LOADS * blockDim.x;
     // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
     auto load = [&](int (&slot)[LOADS], int e0) {
@@ -287,7 +287,10 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
             if (e0 - lane + u * blockDim.x >= entries) break;  // warp-uniform: the rest of the step is past the lists
             const bool take = range.names(slot[u]) && filter(slot_hash(static_cast<unsigned>(slot[u])));
             const unsigned takers = __ballot_sync(0xffffffffu, take);
-            if (take) queue[queued + __popc(takers & ((1u << lane) - 1))] = static_cast<unsigned short>(u * 32 + lane);
+            if (take) {
+                const int at = queued + __popc(takers & ((1u << lane) - 1));
+                sts_u16(queue + 2 * at, static_cast<unsigned short>(u * 32 + lane));
+            }
             queued += __popc(takers);
         }
         __syncwarp();
@@ -299,7 +302,8 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
         unsigned p = 0;
         int token = 0;
         auto take = [&](int i) {
-            const int e = e0 - lane + (queue[i] / 32) * blockDim.x + queue[i] % 32;
+            const int q = lds_u16(queue + 2 * i);
+            const int e = e0 - lane + (q / 32) * blockDim.x + q % 32;
             key = __ldg(lists + e);  // this warp's own load of it, still in L1
             token = e / width;
             p = set.home(mix32(static_cast<unsigned>(key)));
