@@ -230,19 +230,20 @@ __device__ __forceinline__ int initial_set_size(int entries, int splits) {
 
 // Which list entries name rows: slots in [0, num_slots); -1 (any negative) is no key. Slots are
 // int32, so one unsigned compare against min(num_slots, 2^31) tells both apart, branch-free. A slot
-// outside the cache is skipped all the same; with `validate` it raises bit 2 of the error flag,
-// once per thread (report).
+// outside the cache is skipped all the same; with `validate`, report() reads the entries again and
+// raises bit 2 of the error flag if one is: a pass of its own, so that the scans' test of an entry
+// stays that one compare (tracking it there cost the union's unrolled scan 4 instructions an entry).
 struct SlotRange {
     unsigned limit;
-    bool outside_seen = false;
     __device__ __forceinline__ explicit SlotRange(long long num_slots)
         : limit(static_cast<unsigned>(min(num_slots, 1LL << 31))) {}
-    __device__ __forceinline__ bool names(int slot) {
-        outside_seen |= slot >= 0 && static_cast<unsigned>(slot) >= limit;
-        return static_cast<unsigned>(slot) < limit;
-    }
-    __device__ __forceinline__ void report(const SparseArgs& a) const {
-        if (a.validate && outside_seen) atomicOr(a.error_flag, 2);
+    __device__ __forceinline__ bool names(int slot) const { return static_cast<unsigned>(slot) < limit; }
+    // Entries [e0, e1) of `lists`, the CTA's threads together.
+    __device__ __forceinline__ void report(const int* lists, int e0, int e1, const SparseArgs& a) const {
+        if (!a.validate) return;
+        bool outside = false;
+        for (int e = e0 + threadIdx.x; e < e1; e += blockDim.x) outside |= lists[e] >= 0 && !names(lists[e]);
+        if (outside) atomicOr(a.error_flag, 2);
     }
 };
 
@@ -335,7 +336,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
         set.count_new(added);
         __syncwarp();  // the queue is read before the next step writes it
     }
-    range.report(a);
+    range.report(lists, 0, entries, a);
     __syncthreads();
     const bool fits = set.count[1] == 0;
     __syncthreads();  // every thread has read the flag before the next round clears it
@@ -350,7 +351,7 @@ __device__ __noinline__ int build_gather(int* scan, const KeyList list, const in
     SlotRange range(a.num_slots);
     int n = 0;
     for (int e = begin; e < end; ++e) n += range.names(lists[e]);
-    range.report(a);
+    range.report(lists, e0, e1, a);
     int total;
     int at = block_inclusive_sum(n, scan, &total) - n;
     for (int e = begin; e < end; ++e) {
