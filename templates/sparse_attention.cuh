@@ -163,9 +163,12 @@ struct SlotSet {
     // A slot's first probe position (from h, mix32 of the slot).
     __device__ __forceinline__ unsigned home(unsigned h) const { return (h * 0x9e3779b1u) >> (32 - bits); }
 
+    // Whether the round has overflowed (it is redone with a larger set, or in halves): its inserts
+    // may stop.
+    __device__ __forceinline__ bool overflowed() const { return *(volatile int*)&count[1] != 0; }
+
     // One probe of inserting `slot` at position p: 0 = the entry holds another slot (probe p + 1 next),
-    // 1 = `token` added to the slot's mask, 2 = the same and the slot is new here, 3 = dropped: the
-    // overflow flag is up (the round is redone with a larger set, or in halves). The slots are
+    // 1 = `token` added to the slot's mask, 2 = the same and the slot is new here. The slots are
     // counted per warp and step (count_new), not here: one shared counter every new slot added to
     // serialized the inserts (bench/NOTES.md v55).
     __device__ __forceinline__ int probe(int slot, unsigned p, int token) const {
@@ -173,7 +176,6 @@ struct SlotSet {
         int k = vkeys[p];
         bool added = false;
         if (k == -1) {
-            if (*(volatile int*)&count[1]) return 3;
             k = atomicCAS(&keys[p], -1, slot);
             added = k == -1;
             if (added) k = slot;
@@ -217,6 +219,21 @@ struct SlotSet {
         return total;
     }
 };
+
+// The token of list entry e of a row tile's lists (token t's entries are [t * width, (t + 1) * width)):
+// by TOKENS - 1 compares where a tile has few tokens, as GLM-5's 4 a tile: a division by the runtime
+// width was ~25 instructions on the insert loop's dependent chain (bench/NOTES.md v92).
+template <int TOKENS>
+__device__ __forceinline__ int token_of(int e, int width) {
+    if constexpr (TOKENS <= 8) {
+        int t = 0;
+#pragma unroll
+        for (int k = 1; k < TOKENS; ++k) t += e >= k * width;
+        return t;
+    } else {
+        return e / width;
+    }
+}
 
 // The set size a split starts with: room for twice its expected entries (E / S of them hash to
 // it), which no distinct count reaches short of a skewed hash.
@@ -302,15 +319,17 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
         int added = 0, key = 0, probes = 0, taken = 32;  // taken: queue entries handed out (warp-uniform)
         unsigned p = 0;
         int token = 0;
+        // Queue entry i to this lane; false (dropped) once the round has overflowed.
         auto take = [&](int i) {
             const int q = lds_u16(queue + 2 * i);
             const int e = e0 - lane + (q / 32) * blockDim.x + q % 32;
             key = __ldg(lists + e);  // this warp's own load of it, still in L1
-            token = e / width;
+            token = token_of<TOKENS>(e, width);
             p = set.home(mix32(static_cast<unsigned>(key)));
             probes = 0;
+            return !set.overflowed();
         };
-        // One probe of this lane's entry; false once it is placed, dropped, or the set is full.
+        // One probe of this lane's entry; false once it is placed, or the set is full.
         auto step_entry = [&] {
             const int placed = set.probe(key, p, token);
             added += placed == 2;
@@ -320,16 +339,12 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
             set.count[1] = 1;  // no empty entry: the set is full
             return false;
         };
-        bool busy = lane < queued;
-        if (busy) take(lane);
+        bool busy = lane < queued && take(lane);
         while (taken < queued) {
             if (busy) busy = step_entry();
             const unsigned idle = __ballot_sync(0xffffffffu, !busy);
             const int mine = taken + __popc(idle & ((1u << lane) - 1));
-            if (!busy && mine < queued) {
-                take(mine);
-                busy = true;
-            }
+            if (!busy && mine < queued) busy = take(mine);
             taken += __popc(idle);
         }
         while (busy) busy = step_entry();
