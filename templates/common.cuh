@@ -58,6 +58,17 @@ __device__ __forceinline__ T block_reduce(T v, T* scratch) {
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 
+// Inclusive sum of v over lanes 0 .. this lane of the (converged) warp.
+__device__ __forceinline__ int warp_inclusive_sum(int v) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+        const int before = __shfl_up_sync(0xffffffffu, v, off);
+        if (lane >= off) v += before;
+    }
+    return v;
+}
+
 using mbarrier = unsigned long long;
 
 // A barrier whose phase completes after `count` arrivals (and, with expect_tx, the bytes announced).

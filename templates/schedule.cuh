@@ -67,22 +67,10 @@ __device__ __forceinline__ RequestShape request_shape(const int* qo_indptr, cons
 // Inclusive block-wide sum of one int per thread; returns it and the block total in *total.
 __device__ __forceinline__ int block_inclusive_sum(int v, int* scratch, int* total) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-        const int u = __shfl_up_sync(0xffffffffu, v, off);
-        if (lane >= off) v += u;
-    }
+    v = warp_inclusive_sum(v);
     if (lane == 31) scratch[warp] = v;
     __syncthreads();
-    if (warp == 0) {
-        int w = lane < warps ? scratch[lane] : 0;
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-            const int u = __shfl_up_sync(0xffffffffu, w, off);
-            if (lane >= off) w += u;
-        }
-        scratch[lane] = w;  // inclusive sums of warp totals
-    }
+    if (warp == 0) scratch[lane] = warp_inclusive_sum(lane < warps ? scratch[lane] : 0);  // of the warp totals
     __syncthreads();
     if (warp > 0) v += scratch[warp - 1];
     *total = scratch[warps - 1];

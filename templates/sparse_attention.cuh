@@ -267,8 +267,8 @@ struct SlotRange {
 // Union round: the tile's tokens' entries (tokens x width ints at `lists`) whose slot passes
 // `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
 // overflowed (nothing of it may be used). The scan stays converged: each warp queues its passing
-// entries of a step of LOADS loads (ballot + popc into its own queue: a u16, u x 32 + lane, per
-// entry, so LOADS x 32 entries fit) and then inserts them, a lane taking the next queued entry
+// entries of a step of LOADS loads (into its own queue: a u16, u x 32 + lane, per entry, so LOADS x
+// 32 entries fit) and then inserts them, a lane taking the next queued entry
 // whenever its own is placed (bench/NOTES.md v83). Inserting
 // inside the scan let the lanes of a warp drift apart in their probe loops, and the warp then ran
 // the scan ~4x over with ~7 lanes each (ncu, bench/NOTES.md v19). Not inlined, as
@@ -284,6 +284,7 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
     SlotRange range(a.num_slots);
     const unsigned queue = smem_addr(set.queue + (threadIdx.x / 32) * SlotSet<TABLE, TOKENS>::QUEUE_PER_WARP);
     const int entries = tokens * width, step = LOADS * blockDim.x;
+    const bool dense = filter.splits * filter.mod <= 2;  // at least half the entries pass the filter
     // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
     auto load = [&](int (&slot)[LOADS], int e0) {
 #pragma unroll
@@ -299,17 +300,24 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
 #pragma unroll
         for (int u = 0; u < LOADS; ++u) slot[u] = next[u];
         load(next, e0 + step);
-        int queued = 0;
+        // Bit u: this lane's entry u passes (an entry past the lists was loaded as -1, which names no
+        // slot). Then the lane's passing entries go to the warp's queue after those of the lanes before
+        // it: one warp-wide sum a step, not a ballot and a count an entry (bench/NOTES.md v94, v94b).
+        unsigned passed = 0;
 #pragma unroll
-        for (int u = 0; u < LOADS; ++u) {
-            if (e0 - lane + u * blockDim.x >= entries) break;  // warp-uniform: the rest of the step is past the lists
-            const bool take = range.names(slot[u]) && filter(slot_hash(static_cast<unsigned>(slot[u])));
-            const unsigned takers = __ballot_sync(0xffffffffu, take);
-            if (take) {
-                const int at = queued + __popc(takers & ((1u << lane) - 1));
-                sts_u16(queue + 2 * at, static_cast<unsigned short>(u * 32 + lane));
-            }
-            queued += __popc(takers);
+        for (int u = 0; u < LOADS; ++u)
+            passed |= static_cast<unsigned>(range.names(slot[u]) && filter(slot_hash(static_cast<unsigned>(slot[u])))) << u;
+        const int mine = __popc(passed);
+        int at = warp_inclusive_sum(mine);
+        const int queued = __shfl_sync(0xffffffffu, at, 31);
+        at -= mine;
+        if (dense) {  // most entries pass (a row tile of one or two splits): every entry's store, predicated
+#pragma unroll
+            for (int u = 0; u < LOADS; ++u)
+                if ((passed >> u) & 1u) sts_u16(queue + 2 * at++, static_cast<unsigned short>(u * 32 + lane));
+        } else {  // a few pass: a lane's set bits
+            for (; passed != 0; passed &= passed - 1, ++at)
+                sts_u16(queue + 2 * at, static_cast<unsigned short>((__ffs(passed) - 1) * 32 + lane));
         }
         __syncwarp();
         // The queued entries, one a lane; while entries are left to hand out, a lane whose entry is
