@@ -62,8 +62,9 @@ PATCHES = {
          "    if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);\n    KGEN_TRACE(14);\n"),
         ("    set.clear();\n    __syncthreads();\n",
          "    KGEN_TRACE(15);\n    set.clear();\n    __syncthreads();\n    KGEN_TRACE(10);\n"),
-        ("    range.report(lists, 0, entries, a);\n    __syncthreads();\n",
-         "    range.report(lists, 0, entries, a);\n    KGEN_TRACE(11);\n    __syncthreads();\n"),
+        ("        __syncwarp();  // the queue is read before the next step writes it\n    }\n    __syncthreads();\n",
+         "        __syncwarp();  // the queue is read before the next step writes it\n    }\n    KGEN_TRACE(11);\n"
+         "    __syncthreads();\n"),
         ("    return fits ? set.compact(list) : -1;\n",
          "    const int listed = fits ? set.compact(list) : -1;\n    KGEN_TRACE(12);\n    return listed;\n"),
         ("    launch_dependents();\n}\n", "    __syncthreads();\n    KGEN_TRACE(2);\n    launch_dependents();\n}\n"),

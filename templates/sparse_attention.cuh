@@ -359,7 +359,6 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
         set.count_new(added);
         __syncwarp();  // the queue is read before the next step writes it
     }
-    range.report(lists, 0, entries, a);
     __syncthreads();
     const bool fits = set.count[1] == 0;
     __syncthreads();  // every thread has read the flag before the next round clears it
@@ -455,6 +454,9 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                 if (mod == 1) break;
                 rem += mod / 2;  // the other half
             }
+            // Every split scanned all the tile's entries and skipped the slots outside the cache; one
+            // reports them (KGEN_VALIDATE), once, not every split every round.
+            if (item.split == 0) SlotRange(a.num_slots).report(lists, 0, tile_tokens * width, a);
         } else {
             const int entries = tile_tokens * width;  // <= 32 x 65536
             const int per = (entries + item.splits - 1) / item.splits;
