@@ -323,28 +323,19 @@ __device__ __forceinline__ void load_q_fragments(char* smem, AttnState<C>& st, f
     }
 }
 
-// Start the copies of Q's real rows (min(num_rows, BM)) into the Q tile, counted on q_full. The
-// compute warps wait on q_full after a sync. A bulk copy issues on the uniform datapath, so one
-// warp's 32 run one after another:
-// - ALL_WARPS: lane 0 of every warp copies its share of the rows, after thread 0 has set q_full up
-//   and a CTA barrier (every thread calls it). Where the key list is built next, its first barrier
-//   waited for the one warp that issued them all (bench/NOTES.md v96).
-// - else the producer warp's lanes copy them, after its lane 0 set q_full up (no CTA barrier).
-template <class C, bool ALL_WARPS = false, class QRows>
+// Start the copies of Q's real rows (min(num_rows, BM)) into the Q tile: the producer warp's bulk
+// copies, counted on q_full, which its lane 0 sets up. The compute warps wait on q_full after a sync.
+template <class C, class QRows>
 __device__ __forceinline__ void copy_q(char* smem, const QRows& q_rows, int num_rows) {
-    if (!ALL_WARPS && !is_producer<C>()) return;
+    if (!is_producer<C>()) return;
     const int rows = min(num_rows, C::BM), lane = threadIdx.x % 32;
-    if (ALL_WARPS ? threadIdx.x == 0 : lane == 0) {
+    if (lane == 0) {
         mbar_init(q_full<C>(smem), 1);
         mbar_init_fence();
         mbar_arrive_expect_tx(q_full<C>(smem), rows * C::Q_ROW);
     }
-    if constexpr (ALL_WARPS) __syncthreads();
-    else __syncwarp();
-    const int first = ALL_WARPS ? threadIdx.x / 32 : lane, stride = ALL_WARPS ? blockDim.x / 32 : 32;
-    if (!ALL_WARPS || lane == 0)
-        for (int r = first; r < rows; r += stride)
-            bulk_copy(q_tile<C>(smem) + r * C::Q_STRIDE, q_rows.row(r, 0), C::Q_ROW, q_full<C>(smem));
+    __syncwarp();
+    for (int r = lane; r < rows; r += 32) bulk_copy(q_tile<C>(smem) + r * C::Q_STRIDE, q_rows.row(r, 0), C::Q_ROW, q_full<C>(smem));
 }
 
 // What attend() takes for its Q rows when the caller has started their copies (copy_q) already.

@@ -395,12 +395,12 @@ __device__ __forceinline__ ItemRows sparse_item_rows(const SparseArgs& a, const 
 }
 
 // Q's tile apart from the ring (C::Q_APART): its copies start before the key list is built (the
-// set holds the ring), so they land meanwhile (bench/NOTES.md v49), issued by every warp. Not
-// inlined: inlined, its registers spilled a word across the key loop.
+// set holds the ring), so they land meanwhile (bench/NOTES.md v49). Not inlined: inlined, its
+// registers spilled a word across the key loop.
 template <class C>
 __device__ __noinline__ void copy_item_q(char* smem, const bf16* q, const SparseArgs a, const SparseItem item) {
     const ItemRows r = sparse_item_rows<C>(a, item);
-    copy_q<C, true>(smem, item_q_rows<C>(q, r), r.rows);
+    copy_q<C>(smem, item_q_rows<C>(q, r), r.rows);
 }
 
 // sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
