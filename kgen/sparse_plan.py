@@ -45,15 +45,39 @@ def tile_tokens(heads: int, bm: int) -> int:
 
 def sparse_tiles(c: PlanContext) -> MmaSyncTiles:
     """The mma.sync tiling of the sparse kernels: the plan's own where it is one (a row tile's
-    tokens must fit a 32-bit mask: BM <= 32), without clusters, else the mma.sync design's choice
-    for the arch; with Q's tile apart from the ring where shared memory allows (its copies then
-    overlap the key list's build: bench/NOTES.md v49)."""
+    tokens must fit a 32-bit mask: BM <= 32), without clusters, else 16-row tiles two CTAs an SM at
+    the deepest ring that fits the SM twice (two_cta_tiles), else the mma.sync design's choice for
+    the arch; with Q's tile apart from the ring where shared memory allows (its copies then overlap
+    the key list's build: bench/NOTES.md v49)."""
     if isinstance(c.tiles, MmaSyncTiles) and c.tiles.bm <= 32:
-        t = replace(c.tiles, cluster=1)  # the sparse schedule has no clusters
-    else:
-        t = mma_sync.DESIGN.choose(c.spec, c.arch)
+        return with_q_apart(c, replace(c.tiles, cluster=1))  # the sparse schedule has no clusters
+    return two_cta_tiles(c) or with_q_apart(c, mma_sync.DESIGN.choose(c.spec, c.arch))
+
+
+def with_q_apart(c: PlanContext, t: MmaSyncTiles) -> MmaSyncTiles:
+    """t with Q's tile apart from the ring where min_blocks CTAs of it still fit an SM."""
     apart = replace(t, q_apart=1)
-    return apart if apart.smem_bytes(c.spec) <= c.arch.smem_per_block else t
+    return apart if fits_sm(c, apart) else t
+
+
+def fits_sm(c: PlanContext, t: MmaSyncTiles) -> bool:
+    """Whether min_blocks CTAs of t fit the arch's shared memory, per block and per SM."""
+    smem = t.smem_bytes(c.spec)
+    return smem <= c.arch.smem_per_block and t.min_blocks * (smem + c.arch.smem_reserved_per_block) <= c.arch.smem_per_sm
+
+
+def two_cta_tiles(c: PlanContext) -> MmaSyncTiles | None:
+    """16-row tiles (one row block, 2 tokens at H = 8) two CTAs an SM, the deepest ring of them that
+    fits: on sm_90 (228 KB an SM) 4 stages; on sm_120 (100 KB) none. Two CTAs' chains cover each
+    other's latencies, which bind the sparse loop whatever the row format (bench/NOTES.md s41e): on
+    the H100, against 32-row tiles one CTA an SM, -1.5 us at B1 T16, -19% at B8, -15% at B32 and B64
+    (s41g); 16-row tiles one CTA an SM lost 17-20% at B >= 32 (s41f)."""
+    chosen = mma_sync.DESIGN.choose(c.spec, c.arch)
+    for stages in (4, 3, 2):
+        t = with_q_apart(c, replace(chosen, bm=16, warps_m=1, stages=stages, min_blocks=2))
+        if fits_sm(c, t):
+            return t
+    return None
 
 
 def list_keys(c: PlanContext, t: MmaSyncTiles) -> int:

@@ -60,6 +60,9 @@ def test_index_topk_makes_a_sparse_spec_and_is_checked():
 # rows x 656 B = 62976 B: 4096 entries.
 TABLES = {("glm5_dsa_sm120", "sm_120"): 4096, ("glm5_dsa_sm120", "sm_90"): MAX_TABLE,
           ("glm5_dsa_bf16_sm120", "sm_120"): MAX_TABLE, ("glm5_dsa_bf16_sm120", "sm_90"): MAX_TABLE}
+# The sparse tiles (BM, WARPS_M, CTAs an SM): sm_90 runs 16-row tiles two CTAs an SM (the SM's 228 KB
+# hold two; kgen/sparse_plan.py two_cta_tiles), sm_120 the plan's own 32-row tiles (100 KB an SM hold one).
+SPARSE_TILES = {"sm_90": (16, 1, 2), "sm_120": (32, 2, 1)}
 
 
 @pytest.mark.parametrize("name, arch", list(TABLES))
@@ -67,19 +70,22 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
     p = plan(spec_named(name), arch)
     sparse = {v.name: v for v in p.variants if v.kernel == "sparse_attn"}
     assert set(sparse) == {"sparse_verify_attn", "sparse_gather_attn"}
+    bm, warps_m, ctas = SPARSE_TILES[arch]
     for v in sparse.values():
-        assert "kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4," in v.constants["CONFIG"], v.constants["CONFIG"]
+        assert f"kgen::AttnConfig<8, 576, 512, {bm}, 32, {warps_m}, 4," in v.constants["CONFIG"], v.constants["CONFIG"]
+        assert v.min_blocks == ctas and v.threads == 32 * (4 * warps_m + 1)
         assert v.smem_bytes <= p.arch.smem_per_block
+        assert ctas * (v.smem_bytes + p.arch.smem_reserved_per_block) <= p.arch.smem_per_sm
         table = v.constants["TABLE"]
         assert table == TABLES[name, arch] and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
         # Q's tile apart from the ring (its copies overlap the key list's build) where shared memory allows
         apart = "static constexpr int Q_OFF = 0;" not in v.constants["CONFIG"]
         assert apart == (arch == "sm_90"), v.constants["CONFIG"]
-        # a CTA's key list holds its row tile's entries (4 tokens of 8 heads x index_topk): what bounds
-        # its distinct slots, whatever the rounds its union takes
-        assert v.constants["LIST_KEYS"] == 4 * 2048
+        # a CTA's key list holds its row tile's entries (BM / 8 tokens of 8 heads x index_topk): what
+        # bounds its distinct slots, whatever the rounds its union takes
+        assert v.constants["LIST_KEYS"] == bm // 8 * 2048
     assert sparse["sparse_verify_attn"].constants["UNION"] and not sparse["sparse_gather_attn"].constants["UNION"]
-    assert p.variant("sparse_combine").constants["BM"] == 32  # the sparse tiles', whatever the dense design
+    assert p.variant("sparse_combine").constants["BM"] == bm  # the sparse tiles', whatever the dense design
     assert not [v for v in plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), arch).variants
                 if v.name.startswith("sparse")]
 
