@@ -32,16 +32,23 @@ def _round_up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
+def ctas_by_smem(arch: Arch, smem_bytes: int) -> int:
+    """CTAs per SM that `smem_bytes` (dynamic + static) of shared memory a CTA allow: with the
+    driver's per-block reservation, in SMEM_UNIT units; 0 over the per-block limit."""
+    if smem_bytes > arch.smem_per_block:
+        return 0
+    return arch.smem_per_sm // _round_up(smem_bytes + arch.smem_reserved_per_block, SMEM_UNIT)
+
+
 def occupancy(arch: Arch | str, threads: int, registers: int, smem_bytes: int) -> Occupancy:
     """CTAs per SM of a kernel with `threads` per block, `registers` per thread and `smem_bytes`
     (dynamic + static) of shared memory per block."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     warps = -(-threads // 32)
     regs_per_warp = _round_up(max(registers, 1), REG_UNIT_PER_THREAD) * 32
-    smem = _round_up(smem_bytes + arch.smem_reserved_per_block, SMEM_UNIT)
     by = {
         "registers": (arch.regs_per_sm // regs_per_warp) // warps if registers <= arch.max_regs_per_thread else 0,
-        "smem": arch.smem_per_sm // smem if smem_bytes <= arch.smem_per_block else 0,
+        "smem": ctas_by_smem(arch, smem_bytes),
         "warps": arch.max_warps_per_sm // warps if threads <= MAX_THREADS_PER_BLOCK else 0,
         "blocks": arch.max_blocks_per_sm,
     }

@@ -14,6 +14,7 @@ from . import kvrows
 from .designs import mma_sync
 from .designs.mma_sync import MmaSyncTiles
 from .errors import PlanError
+from .occupancy import ctas_by_smem
 from .variant import BF16, PlanContext, Variant
 
 SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
@@ -62,8 +63,7 @@ def with_q_apart(c: PlanContext, t: MmaSyncTiles) -> MmaSyncTiles:
 
 def fits_sm(c: PlanContext, t: MmaSyncTiles) -> bool:
     """Whether min_blocks CTAs of t fit the arch's shared memory, per block and per SM."""
-    smem = t.smem_bytes(c.spec)
-    return smem <= c.arch.smem_per_block and t.min_blocks * (smem + c.arch.smem_reserved_per_block) <= c.arch.smem_per_sm
+    return ctas_by_smem(c.arch, t.smem_bytes(c.spec)) >= t.min_blocks
 
 
 def two_cta_tiles(c: PlanContext) -> MmaSyncTiles | None:
