@@ -32,12 +32,17 @@ def _round_up(x: int, unit: int) -> int:
     return -(-x // unit) * unit
 
 
+def smem_per_cta(arch: Arch, smem_bytes: int) -> int:
+    """Shared memory an SM gives a CTA of `smem_bytes` (dynamic + static): with the driver's
+    per-block reservation, in SMEM_UNIT units."""
+    return _round_up(smem_bytes + arch.smem_reserved_per_block, SMEM_UNIT)
+
+
 def ctas_by_smem(arch: Arch, smem_bytes: int) -> int:
-    """CTAs per SM that `smem_bytes` (dynamic + static) of shared memory a CTA allow: with the
-    driver's per-block reservation, in SMEM_UNIT units; 0 over the per-block limit."""
+    """CTAs per SM that `smem_bytes` of shared memory a CTA allow; 0 over the per-block limit."""
     if smem_bytes > arch.smem_per_block:
         return 0
-    return arch.smem_per_sm // _round_up(smem_bytes + arch.smem_reserved_per_block, SMEM_UNIT)
+    return arch.smem_per_sm // smem_per_cta(arch, smem_bytes)
 
 
 def occupancy(arch: Arch | str, threads: int, registers: int, smem_bytes: int) -> Occupancy:

@@ -16,6 +16,7 @@ from .arch import Arch, get_arch
 from .designs import Tiles
 from .errors import PlanError
 from .kernels import ENTRIES
+from .occupancy import ctas_by_smem, smem_per_cta
 from .splitkv import Capacity, work_capacity
 from .spec import Spec
 from .variant import PlanContext, Variant
@@ -60,9 +61,10 @@ def plan(spec: Spec, arch: str | Arch | None = None, tiles: Tiles | None = None)
         raise PlanError(f"{spec.name}: the {design.name} loop needs {', '.join(missing)}, which {arch.name} lacks")
     ctx = PlanContext(spec, arch, tiles, _tag(spec, arch))
     smem = ctx.attention_smem
-    if arch.smem_per_sm // (smem + arch.smem_reserved_per_block) < tiles.min_blocks:
+    # Over the per-block limit, the variants' own check below says by how much.
+    if smem <= arch.smem_per_block and ctas_by_smem(arch, smem) < tiles.min_blocks:
         raise PlanError(f"{spec.name}: {tiles.min_blocks} attention CTAs per SM need "
-                        f"{tiles.min_blocks * (smem + arch.smem_reserved_per_block)} B of shared memory; "
+                        f"{tiles.min_blocks} x {smem_per_cta(arch, smem)} B of shared memory; "
                         f"{arch.name} has {arch.smem_per_sm} B per SM")
     variants = [v for entry in ENTRIES for v in entry.variants(ctx)]
     for v in variants:

@@ -199,6 +199,10 @@ def test_plan_respects_sm120_budget_and_refuses_overrun():
                                                        "qk_rope_head_dim": 256}})
     with pytest.raises(PlanError, match=r"allows 101376 B \(over by \d+ B\)"):
         plan(wide)
+    # Two of the plan's CTAs (98,088 B each, 99,200 with the reservation in 128-B units) overrun an
+    # SM's 102,400 B: the error names the rounded footprint.
+    with pytest.raises(PlanError, match=r"2 attention CTAs per SM need 2 x 99200 B .* 102400 B per SM"):
+        plan(spec, tiles=replace(p.tiles, min_blocks=2))
 
 
 @pytest.mark.parametrize("name, mma, tag", [("glm5_fp8_sm120", "false", "_e4m3f16_"),
