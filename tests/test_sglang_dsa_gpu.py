@@ -133,13 +133,23 @@ def _check_tree(step, runner, kb, logits, lists, out, what):
     from kgen.integrations.sglang_sparse import physical_lists
 
     selected = [set(r) - {-1} for r in lists.cpu().tolist()]
-    assert selected == step.reference_selection(logits.cpu(), kb.dsa_index_topk, tree_aware=True), \
-        f"{what}: the selection is not the prefix plus each token's own ancestors"
+    want = step.reference_selection(logits.cpu(), kb.dsa_index_topk, tree_aware=True)
+    wrong = [r for r, (got, exp) in enumerate(zip(selected, want)) if got != exp]
+    assert not wrong, f"{what}: the selection is not the prefix plus each token's own ancestors: " + \
+        _selection_diff(logits.cpu(), wrong[0], selected[wrong[0]], want[wrong[0]])
     rows = dequantize_rows(runner.token_to_kv_pool.get_key_buffer(0)).cpu()
     want = step.reference(rows, physical_lists(lists, kb.forward_metadata.page_table_1))
     assert not torch.isnan(out).any(), f"{what}: NaN in kgen's output"
     err = rel_l2(out, want)
     assert err <= TOL, f"{what} (lens {step.lens}): kgen vs the float64 reference, rel L2 {err:.3g}"
+
+
+def _selection_diff(logits: torch.Tensor, row: int, got: set[int], want: set[int]) -> str:
+    """Row `row`'s positions selected but not wanted and wanted but not selected, with their logits
+    and the lowest logit the reference selected (a near-tie shows as values within an ulp of it)."""
+    def logit(t): return f"{t}: {float(logits[row, t]):.9g}"
+    return (f"row {row}: extra {[logit(t) for t in sorted(got - want)][:8]}, missing "
+            f"{[logit(t) for t in sorted(want - got)][:8]}, lowest wanted {min(float(logits[row, t]) for t in want):.9g}")
 
 
 def _check_rows_written_by_sglang(step, runner):
