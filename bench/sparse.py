@@ -88,6 +88,9 @@ def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
     inputs = [first] + [make_sparse_inputs(spec, [t] * b, [length] * b, width, shared=shared, window=256,
                                            device=device) for _ in range(sets - 1)]
     row["sets"] = sets
+    # the kernel prepare_sparse runs when its caller does not choose (kgen/sparse.py prefers_union)
+    row["default"] = "union" if mod.prepare_sparse(first.base.qo_indptr, first.topk_indices,
+                                                    first.base.op_mask).union else "gather"
     for name, union in (("union", True), ("gather", False)):
         # one workspace for every set's step, as a server's layers share their batch's (bench.run's calls)
         workspace = torch.empty(mod.sparse_workspace_bytes(first.base.q.shape[0], b, union), dtype=torch.uint8,
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{mod.spec.name} on {result['device']} (plan {mod.plan.arch.name}): copy {ceilings.copy_tbps:.2f} TB/s, "
           f"mma {ceilings.mma_tflops:.0f} TFLOP/s")
     print(f"{'B':>3} {'L':>7} {'T':>3} {'shared':>6} {'union':>7} {'floor':>7} {'union us':>9} {'gather us':>9} "
-          f"{'x':>5} {'%floor':>6} {'FlashMLA':>9}  notes")
+          f"{'x':>5} {'%floor':>6} {'FlashMLA':>9} {'default':>7}  notes")
     if a.anatomy:
         for shape in SHAPES[:2]:
             r = anatomy(mod, shape, device=device)
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         flashmla = f"{r['us_flashmla_sparse']:.1f}" if "us_flashmla_sparse" in r else "-"
         print(f"{r['B']:>3} {r['L']:>7} {r['T']:>3} {r['shared']:>6} {r['union_per_request']:>7.0f} "
               f"{r['floor_us']:>7.1f} {r['us_union']:>9.1f} {r['us_gather']:>9.1f} {r['union_vs_gather']:>5.2f} "
-              f"{r['pct_floor']:>6.1f} {flashmla:>9}  {checks} {'; '.join(r['notes'])}", flush=True)
+              f"{r['pct_floor']:>6.1f} {flashmla:>9} {r['default']:>7}  {checks} {'; '.join(r['notes'])}", flush=True)
     print(f"wrote {path}")
     return 0
 

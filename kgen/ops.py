@@ -110,15 +110,19 @@ class Module:
     # Sparse (DSA) verify, DESIGN §12 (kgen/sparse.py): specs with model.index_topk.
 
     def prepare_sparse(self, qo_indptr, topk_indices, tree_mask=None, *, workspace: torch.Tensor | None = None,
-                       union: bool = True) -> SparseStep:
+                       union: bool | None = None) -> SparseStep:
         """Check one batch's top-k lists (and tree masks) and allocate its scratch once; then run
-        each layer with step.verify(q, kv_cache, k_tree). union=False: the per-token-gather variant."""
+        each layer with step.verify(q, kv_cache, k_tree). union: True the union kernel, False the
+        per-token-gather variant, None the faster for the batch (kgen/sparse.py prefers_union)."""
         return SparseStep(self._sparse_kernels(), self._state, qo_indptr, topk_indices, tree_mask, workspace, union)
 
-    def sparse_workspace_bytes(self, num_tokens: int, batch: int, union: bool = True) -> int:
-        """Scratch bytes of a sparse step with `num_tokens` tree tokens in `batch` requests."""
+    def sparse_workspace_bytes(self, num_tokens: int, batch: int, union: bool | None = None) -> int:
+        """Scratch bytes of a sparse step with `num_tokens` tree tokens in `batch` requests; union=None
+        (prepare_sparse's choice by size): enough for either kernel, so that a workspace sized for
+        the largest batch also holds the smaller steps that pick the other one."""
         k = self._sparse_kernels()
-        return sparse_workspace_layout(k, sparse_grid(k, num_tokens, batch, union), batch)[4]
+        kinds = (True, False) if union is None else (union,)
+        return max(sparse_workspace_layout(k, sparse_grid(k, num_tokens, batch, u), batch)[4] for u in kinds)
 
     def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, *, kv_scale=1.0,
                                 out=None, lse=None):

@@ -21,12 +21,15 @@ import torch
 from . import checks, env
 from .kernels import SPARSE_COMBINE
 from .kvargs import KVArgs
-from .sparse_plan import MIN_CHUNK, PART_O_BYTES, list_capacity
+from .sparse_plan import MIN_CHUNK, PART_O_BYTES, list_capacity, tile_tokens
 from .splitkv import ceil_div, table_bytes
 
 _ALIGN = 256
 _BF16 = (torch.bfloat16,)
 UNBOUNDED = (1 << 31) - 1  # the union kernel's splits have no size cap: a set that overflows runs in rounds
+# Where a row tile holds 2 tokens or fewer, the union kernel runs only while a wave of CTAs gives each
+# row tile at most this many splits (prefers_union).
+UNION_MAX_SPLITS = 12
 
 
 def _aligned(nbytes: int) -> int:
@@ -44,6 +47,20 @@ class SparseKernels:
         self.capacity = list_capacity(self.union.variant.constants["TABLE"])  # a gather split's entries at most
         self.list_keys = self.union.variant.constants["LIST_KEYS"]  # a CTA's list scratch
         self.target = sm_count * self.union.variant.min_blocks  # one wave of attention CTAs
+
+
+def prefers_union(k: SparseKernels, num_tokens: int) -> bool:
+    """Whether a step of `num_tokens` tree tokens runs the union kernel (else the per-token gather),
+    when its caller does not say. The union saves the keys a row tile's tokens list in common, and
+    pays for a hash-set build in every split. A 2-token tile (the sm_90 plan's 16-row tiles at H = 8)
+    saves ~1/3 of its keys. With many splits per row tile, each split has too few keys to repay its
+    build, and the gather wins. H100, sm_90 plan, L131072 T16, lists 0.7 shared (bench/NOTES.md s41h),
+    gather against union in us: B1 19.1 / 22.5 (33 splits a tile), B2 25.7 / 27.8 (16), B4 40.4 / 38.6 (8).
+    Tiles of 4 tokens (the sm_120 plan's) always take the union."""
+    if tile_tokens(k.spec.model.num_q_heads, k.bm) > 2:
+        return True
+    row_tiles = ceil_div(num_tokens * k.spec.model.num_q_heads, k.bm)
+    return k.target <= UNION_MAX_SPLITS * row_tiles
 
 
 def sparse_grid(k: SparseKernels, num_tokens: int, batch: int, union: bool = True) -> int:
@@ -72,13 +89,13 @@ def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[in
 
 class SparseStep:
     """One batch of sparse verify, prepared by Module.prepare_sparse; run a layer with verify().
-    union=False runs the per-token-gather variant (each token's list read on its own): the
-    internal baseline of the benchmark. The kernel reads its work items from a schedule table where
+    union=False runs the per-token-gather variant (each token's list read on its own); union=None
+    picks the faster of the two for the batch (prefers_union). The kernel reads its work items from a schedule table where
     its plan builds it so (kgen/sparse_plan.py NO_TABLE); schedule_table=False (a one-shot call) and
     KGEN_VALIDATE (whose kernels check the lengths as they find their items) keep none."""
 
     def __init__(self, kernels: SparseKernels, state, qo_indptr, topk_indices, tree_mask, workspace=None,
-                 union: bool = True, schedule_table: bool = True):
+                 union: bool | None = None, schedule_table: bool = True):
         spec, dev = kernels.spec, state.device
         self._state, self._device, self._spec = state, dev, spec
         self.qo_indptr = checks.indptr("qo_indptr", qo_indptr, length=None, device=dev)
@@ -90,6 +107,7 @@ class SparseStep:
                              f"{spec.model.index_topk}")
         self.tree_mask = self._check_tree(spec, tree_mask)
         self.validate = env.flag("KGEN_VALIDATE")
+        self.union = union = prefers_union(kernels, self.num_tokens) if union is None else union
         self.grid = sparse_grid(kernels, self.num_tokens, batch, union)
         if self.grid * 2 * kernels.list_keys >= 1 << 32:  # the kernels index the key lists' masks in 32 bits
             raise ValueError(f"prepare_sparse: {self.grid} CTAs' key lists of {kernels.list_keys} keys each "

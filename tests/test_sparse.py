@@ -16,7 +16,7 @@ from kgen.cache import KernelCache
 from kgen.errors import SpecError
 from kgen.plan import plan
 from kgen.render import render
-from kgen.sparse import check_distinct
+from kgen.sparse import UNION_MAX_SPLITS, check_distinct, prefers_union
 from kgen.sparse_plan import MAX_TABLE, list_capacity
 from kgen.sparse_testing import indexer_lists, make_sparse_inputs, prefix_slots
 from kgen.spec import parse_spec
@@ -88,6 +88,38 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
     assert p.variant("sparse_combine").constants["BM"] == bm  # the sparse tiles', whatever the dense design
     assert not [v for v in plan(kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml"), arch).variants
                 if v.name.startswith("sparse")]
+
+
+def test_a_step_picks_the_union_kernel_unless_a_2_token_tile_gets_many_splits():
+    """prepare_sparse(union=None): gather where row tiles of <= 2 tokens get more than
+    UNION_MAX_SPLITS splits a wave (B <= 2 at T16 on 132 SMs, two CTAs each), else the union."""
+    from types import SimpleNamespace
+
+    spec = spec_named("glm5_dsa_sm120")
+
+    def kernels(bm, target):
+        return SimpleNamespace(spec=spec, bm=bm, target=target)
+
+    two_cta = kernels(16, 2 * 132)  # the sm_90 plan's 16-row tiles: 2 tokens of 8 heads
+    assert [prefers_union(two_cta, 16 * b) for b in (1, 2, 4, 8, 32)] == [False, False, True, True, True]
+    assert prefers_union(two_cta, 64)  # one request of 64 tokens: 32 row tiles, 8 splits each
+    assert not prefers_union(two_cta, 1)  # decode: one token's list, no union to take
+    row_tiles = 16 * 8 // 16
+    assert prefers_union(kernels(16, UNION_MAX_SPLITS * row_tiles), 16)
+    assert not prefers_union(kernels(16, UNION_MAX_SPLITS * row_tiles + 1), 16)
+    assert all(prefers_union(kernels(32, 188), n) for n in (1, 16, 64))  # 4-token tiles (sm_120's): always
+
+
+def test_a_default_step_and_its_workspace_follow_the_choice(seed):
+    from test_step import stub_module
+
+    mod = stub_module("glm5_dsa_sm120", sm_count=132)  # the sm_120 plan: 4-token tiles, the union
+    x = make_sparse_inputs(mod.spec, [16], [4000], 2048, generator=gen(seed))
+    b = x.base
+    step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask)
+    assert step.union and step.workspace.numel() == mod.sparse_workspace_bytes(16, 1, union=True)
+    # a workspace for either kernel, as a server sizes one for all its graph steps
+    assert mod.sparse_workspace_bytes(16, 1) == max(mod.sparse_workspace_bytes(16, 1, union=u) for u in (True, False))
 
 
 @pytest.mark.parametrize("arch", ["sm_120", "sm_90"])

@@ -14,6 +14,7 @@ import torch
 import yaml
 
 import kgen
+from kgen.sparse import prefers_union
 from kgen.sparse_testing import SparseInputs, make_sparse_inputs
 from kgen.spec import parse_spec
 from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
@@ -263,11 +264,13 @@ def test_a_step_reads_its_work_items_from_its_schedule_table_while_it_matches_qo
     check(second, "refilled and rescheduled")
 
 
-def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
+@pytest.mark.parametrize("union", [None, True, False], ids=["by_size", "union", "gather"])
+def test_an_attention_call_is_two_launches(sparse_module, cuda, seed, union):
     mod = sparse_module("glm5_dsa_sm120", None)
     x = make_sparse_inputs(mod.spec, [16, 3], [5000, 100], 2048, device=cuda,
                            generator=torch.Generator(cuda).manual_seed(seed))
-    step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
+    step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=union)
+    assert step.union == (prefers_union(mod._sparse, 19) if union is None else union)
     out, lse = x.base.outputs()
     k_tree = x.base.stored_k_tree  # as a server passes them (bf16 ones add the quantize's launches)
     run = lambda: step.verify(x.base.q, x.base.kv_cache, k_tree, out=out, lse=lse)  # noqa: E731
@@ -277,7 +280,8 @@ def test_an_attention_call_is_two_launches(sparse_module, cuda, seed):
         run()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(names) == 2 and names[0].startswith("sparse_verify_attn__") and names[1].startswith("sparse_combine__"), names
+    kernel = "sparse_verify_attn__" if step.union else "sparse_gather_attn__"
+    assert len(names) == 2 and names[0].startswith(kernel) and names[1].startswith("sparse_combine__"), names
 
 
 @pytest.mark.parametrize("spec_name", ["glm5_dsa_sm120", "glm5_dsa_bf16_sm120", "glm5_dsa_fp8pt_sm120"])
