@@ -90,9 +90,10 @@ def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[in
 class SparseStep:
     """One batch of sparse verify, prepared by Module.prepare_sparse; run a layer with verify().
     union=False runs the per-token-gather variant (each token's list read on its own); union=None
-    picks the faster of the two for the batch (prefers_union). The kernel reads its work items from a schedule table where
-    its plan builds it so (kgen/sparse_plan.py NO_TABLE); schedule_table=False (a one-shot call) and
-    KGEN_VALIDATE (whose kernels check the lengths as they find their items) keep none."""
+    picks the faster of the two for the batch (prefers_union). The kernel reads its work items from
+    a schedule table where its plan builds it so (kgen/sparse_plan.py NO_TABLE); schedule_table=False
+    (a one-shot call) and KGEN_VALIDATE (whose kernels check the lengths as they find their items)
+    keep none."""
 
     def __init__(self, kernels: SparseKernels, state, qo_indptr, topk_indices, tree_mask, workspace=None,
                  union: bool | None = None, schedule_table: bool = True):

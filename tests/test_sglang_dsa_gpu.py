@@ -158,8 +158,9 @@ def _selection_diff(logits: torch.Tensor, row: int, got: set[int], want: set[int
     """Row `row`'s positions selected but not wanted and wanted but not selected, with their logits
     and the lowest logit the reference selected (a near-tie shows as values within an ulp of it)."""
     def logit(t): return f"{t}: {float(logits[row, t]):.9g}"
+    lowest = min(float(logits[row, t]) for t in want)
     return (f"row {row}: extra {[logit(t) for t in sorted(got - want)][:8]}, missing "
-            f"{[logit(t) for t in sorted(want - got)][:8]}, lowest wanted {min(float(logits[row, t]) for t in want):.9g}")
+            f"{[logit(t) for t in sorted(want - got)][:8]}, lowest wanted {lowest:.9g}")
 
 
 def _check_rows_written_by_sglang(step, runner):
