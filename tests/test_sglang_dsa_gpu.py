@@ -132,11 +132,11 @@ def _check_tree(step, runner, kb, logits, lists, out, what):
     out is attention over them, against the float64 reference on the dequantized pool."""
     from kgen.integrations.sglang_sparse import physical_lists
 
-    selected = [set(r) - {-1} for r in lists.cpu().tolist()]
-    want = step.reference_selection(logits.cpu(), kb.dsa_index_topk, tree_aware=True)
-    wrong = [r for r, (got, exp) in enumerate(zip(selected, want)) if not _same_top_k(logits.cpu()[r], got, exp)]
+    selected, logits = [set(r) - {-1} for r in lists.cpu().tolist()], logits.cpu()
+    want = step.reference_selection(logits, kb.dsa_index_topk, tree_aware=True)
+    wrong = [r for r, (got, exp) in enumerate(zip(selected, want)) if not _same_top_k(logits[r], got, exp)]
     assert not wrong, f"{what}: the selection is not the prefix plus each token's own ancestors: " + \
-        _selection_diff(logits.cpu(), wrong[0], selected[wrong[0]], want[wrong[0]])
+        _selection_diff(logits, wrong[0], selected[wrong[0]], want[wrong[0]])
     rows = dequantize_rows(runner.token_to_kv_pool.get_key_buffer(0)).cpu()
     want = step.reference(rows, physical_lists(lists, kb.forward_metadata.page_table_1))
     assert not torch.isnan(out).any(), f"{what}: NaN in kgen's output"
