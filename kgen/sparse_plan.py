@@ -110,7 +110,9 @@ def list_capacity(table: int) -> int:
 
 
 def sparse_variants(c: PlanContext) -> list[Variant]:
-    """sparse_verify_attn and sparse_gather_attn; none for a dense spec."""
+    """sparse_verify_attn and sparse_gather_attn; none for a dense spec. Launched to overlap the
+    kernel before them (programmatic dependent launch: their CTAs are resident and waiting when it
+    ends, rather than launched then; bench/NOTES.md v98)."""
     spec = c.spec
     if not spec.model.sparse:
         return []
@@ -128,7 +130,7 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
     return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn",
                                                               "SCHEDULE_TABLE": reads_table(c, name), **constants},
                                   decls),
-                    kernel="sparse_attn")
+                    kernel="sparse_attn", waits_for_prior=True)
             for name in SPARSE_KERNELS]
 
 

@@ -416,6 +416,10 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     static_assert(Set::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
     static_assert(C::S_OFF + C::THREADS / 32 * Set::QUEUE_PER_WARP * (int)sizeof(unsigned short) <= C::BAR_OFF,
                   "the insertion queues fit between the ring and the barriers");
+    // Launched to overlap the kernel before (Variant.waits_for_prior): everything it reads or writes,
+    // the schedule table included (a step's first call writes it in the launch before), may be that
+    // kernel's, so the CTA waits for it before anything else.
+    wait_for_prior_grid();
     const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_table, schedule_scratch<C>(smem));
     if (item.b < 0) return;
     if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);

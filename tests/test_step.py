@@ -10,6 +10,7 @@ per-layer tensors raise before anything is launched.
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 from pathlib import Path
 
@@ -193,15 +194,17 @@ def test_kernel_launch_passes_the_block_address_as_kernel_params():
     assert isinstance(calls[0][9], int)  # cuda-python reads an int kernelParams as a ready void**
 
 
-def test_the_sparse_combine_is_launched_to_overlap_the_attention_kernels_tail():
-    """The sparse combine (waits_for_prior) goes through cuLaunchKernelEx with programmatic stream
-    serialization, one config per grid, threads and stream, reused; every other kernel (the dense
-    combine too: bench/NOTES.md v29) through cuLaunchKernel."""
+def test_the_sparse_kernels_are_launched_to_overlap_the_kernel_before_them():
+    """The sparse kernels (waits_for_prior: the combine since v29, the attention kernels since v98)
+    go through cuLaunchKernelEx with programmatic stream serialization, one config per grid, threads
+    and stream, reused; every other kernel (the dense combine too: bench/NOTES.md v29) through
+    cuLaunchKernel."""
     from cuda.bindings import driver
 
     assert not any(v.waits_for_prior for v in plan(spec_named("glm5_sm120")).variants)
     p = plan(spec_named("glm5_dsa_sm120"))
-    assert [v.name for v in p.variants if v.waits_for_prior] == ["sparse_combine"]
+    assert [v.name for v in p.variants if v.waits_for_prior] == ["sparse_verify_attn", "sparse_gather_attn",
+                                                                 "sparse_combine"]
     plain, ex = [], []
     kernel = Kernel(p.variant("sparse_combine"), "func", stream=lambda: None, launch=lambda *a: plain.append(a) or (0,),
                     launch_ex=lambda *a: ex.append(a) or (0,))
@@ -226,24 +229,28 @@ def _body(text: str, function: str) -> str:
     return text[start:text.find("\ntemplate <", start)]
 
 
-def test_the_combine_waits_for_the_attention_kernel_before_it_reads_what_that_kernel_wrote():
+def test_a_kernel_launched_to_overlap_waits_before_it_reads_what_the_kernel_before_wrote():
     """A kernel launched to overlap its predecessor must wait for it before reading its output: the
-    combine's search reads only the caller's qo_indptr before its wait_for_prior_grid, and the
-    variant that waits_for_prior compiles that combine. The sparse attention kernel lets it launch
-    once its loop is done (launch_dependents); the dense ones, whose combine waits for nothing, do
-    not."""
+    combine's search reads only the caller's qo_indptr before its wait_for_prior_grid; the sparse
+    attention kernel waits before anything (the schedule table, req_meta and its inputs may all be
+    the previous kernel's); the variants that waits_for_prior compile those. The sparse attention
+    kernel lets the combine launch once its loop is done (launch_dependents); the dense ones, whose
+    combine waits for nothing, do not."""
     from kgen.render import headers, included_headers, render
 
     combine = _body(headers()["kgen/merge.cuh"], "combine_partials")
     before, after = combine.split("wait_for_prior_grid();")
     assert "req_meta" not in before.split("{", 1)[1] and "part_" not in before.split("{", 1)[1]
     assert "req_meta[b]" in after and "part_lse[" in after and "part_o +" in after
-    waiting = [v for v in plan(spec_named("glm5_dsa_sm120")).variants if v.waits_for_prior]
-    assert [v.name for v in waiting] == ["sparse_combine"]
-    for v in waiting:
-        src = render(v)
-        assert "kgen::combine_partials<" in src and "kgen/merge.cuh" in included_headers(src), v.name
     sparse = _body(headers()["kgen/sparse_attention.cuh"], "sparse_attention")
+    before_wait = re.sub(r"//.*", "", sparse.split("{", 1)[1].split("wait_for_prior_grid();")[0])
+    assert all(s.strip().startswith(("static_assert", "using ")) for s in before_wait.split(";")[:-1])  # compile time only
+    waiting = {v.name: v for v in plan(spec_named("glm5_dsa_sm120")).variants if v.waits_for_prior}
+    assert sorted(waiting) == ["sparse_combine", "sparse_gather_attn", "sparse_verify_attn"]
+    src = render(waiting["sparse_combine"])
+    assert "kgen::combine_partials<" in src and "kgen/merge.cuh" in included_headers(src)
+    for name in ("sparse_verify_attn", "sparse_gather_attn"):
+        assert "kgen/sparse_attention.cuh" in included_headers(render(waiting[name])), name
     assert sparse.rfind("attend<C>(") < sparse.find("launch_dependents();")  # after the loop
     for function in ("prefix_attention", "tree_attention"):
         assert "launch_dependents" not in _body(headers()["kgen/attention_kernels.cuh"], function), function
