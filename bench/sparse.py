@@ -9,6 +9,8 @@ every tree token lists (`shared` of K), plus each token's own picks; the union s
 Timing is CUDA-graph replay over rotated input sets (kgen/timing.py); tree keys are passed as the
 cache stores them, as a server does (VerifyInputs.stored_k_tree). floor = max(union rows x row
 bytes / copy bandwidth, FLOPs of the listed keys / mma rate), FLOPs = 2 * sum_i H * (K'_i + T) * (D + Dv).
+`rows x`: the KV rows the gather reads over those the union reads, at the kernels' row tiles
+(SparseInputs.tile_rows): what `x` (union us against gather us) can reach where a row costs both alike.
 --check first compares both kernels with the float64 reference on every shape's first set.
 Writes <out>/sparse-<spec>-<time>.json after every shape.
 """
@@ -63,7 +65,7 @@ def flashmla_calls(inputs) -> tuple[list | None, str | None]:
     return calls, note
 
 
-def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
+def measure(mod, shape, ceilings, bm: int, *, check: bool, device) -> dict:
     from kgen.sparse_testing import make_sparse_inputs
     from kgen.accuracy import assert_close_attention, tolerances
     from kgen.timing import time_rotation
@@ -77,6 +79,8 @@ def measure(mod, shape, ceilings, *, check: bool, device) -> dict:
     unions = first.union_sizes()
     row["union_per_request"] = sum(unions) / b
     row["union_fraction"] = sum(unions) / max(1, b * t * min(width, length))
+    row["rows_union"], row["rows_gather"] = first.tile_rows(h, bm)
+    row["rows_ratio"] = row["rows_gather"] / max(1, row["rows_union"])
     read = sum(unions) * row_bytes
     listed = int((first.topk_indices >= 0).sum())
     flops = 2 * h * (listed + b * t * t) * (spec.model.head_dim + spec.model.value_dim)
@@ -199,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{mod.spec.name} on {result['device']} (plan {mod.plan.arch.name}): copy {ceilings.copy_tbps:.2f} TB/s, "
           f"mma {ceilings.mma_tflops:.0f} TFLOP/s")
     print(f"{'B':>3} {'L':>7} {'T':>3} {'shared':>6} {'union':>7} {'floor':>7} {'union us':>9} {'gather us':>9} "
-          f"{'x':>5} {'%floor':>6} {'FlashMLA':>9} {'default':>7}  notes")
+          f"{'x':>5} {'rows x':>6} {'%floor':>6} {'FlashMLA':>9} {'default':>7}  notes")
     if a.anatomy:
         for shape in SHAPES[:2]:
             r = anatomy(mod, shape, device=device)
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             result.setdefault("skipped", []).append(list(shape))
             continue
         try:
-            r = measure(mod, shape, ceilings, check=a.check, device=device)
+            r = measure(mod, shape, ceilings, used.bm, check=a.check, device=device)
         except torch.cuda.OutOfMemoryError as e:
             r = dict(zip(("B", "L", "T", "shared"), shape), notes=[f"out of memory: {str(e).splitlines()[0]}"])
             torch.cuda.empty_cache()
@@ -226,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         flashmla = f"{r['us_flashmla_sparse']:.1f}" if "us_flashmla_sparse" in r else "-"
         print(f"{r['B']:>3} {r['L']:>7} {r['T']:>3} {r['shared']:>6} {r['union_per_request']:>7.0f} "
               f"{r['floor_us']:>7.1f} {r['us_union']:>9.1f} {r['us_gather']:>9.1f} {r['union_vs_gather']:>5.2f} "
-              f"{r['pct_floor']:>6.1f} {flashmla:>9} {r['default']:>7}  {checks} {'; '.join(r['notes'])}", flush=True)
+              f"{r['rows_ratio']:>6.2f} {r['pct_floor']:>6.1f} {flashmla:>9} {r['default']:>7}  {checks} {'; '.join(r['notes'])}", flush=True)
     print(f"wrote {path}")
     return 0
 

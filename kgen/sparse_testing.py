@@ -42,6 +42,22 @@ class SparseInputs:
             out.append(int(torch.unique(rows[rows >= 0]).numel()))
         return out
 
+    def tile_rows(self, heads: int, bm: int) -> tuple[int, int]:
+        """KV rows the two sparse kernels read over all row tiles of bm packed (token, head) rows:
+        (the union kernel's: each tile's distinct listed slots, the gather's: each tile's listed
+        entries, every token's own). Their ratio is what the union can gain over the gather at that
+        tiling, its keys costing what the gather's do: a row tile of 2 tokens whose lists share a
+        fraction s reads 2 - s lists' worth of rows instead of 2, at most 2 / (2 - s) fewer."""
+        union = gather = 0
+        qo = self.base.qo_indptr.tolist()
+        for s, e in zip(qo, qo[1:]):
+            for r0 in range(0, (e - s) * heads, bm):  # a tile's tokens: those of its packed rows
+                rows = self.topk_indices[s + r0 // heads:s + min(e - s, (r0 + bm - 1) // heads + 1)]
+                listed = rows[rows >= 0]
+                union += int(torch.unique(listed).numel())
+                gather += int(listed.numel())
+        return union, gather
+
 
 def prefix_slots(inputs: VerifyInputs, b: int) -> torch.Tensor:
     """The physical slots of request b's prefix tokens, in token order (int64)."""

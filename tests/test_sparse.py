@@ -274,6 +274,18 @@ def test_union_sizes_count_distinct_slots_per_request(seed):
     assert y.union_sizes() == [len({s for row in y.topk_indices.tolist() for s in row if s >= 0})]
 
 
+def test_tile_rows_count_each_row_tiles_distinct_and_listed_slots(seed):
+    x = make_sparse_inputs(DIMS, [4, 3], [1000, 1000], 16, shared=0.5, holes=0.2, generator=gen(seed))
+    heads = DIMS.num_heads  # 3
+    tiles = {2 * heads: [[0, 1], [2, 3], [4, 5], [6]],  # 2 tokens a tile; request 1's last tile 1 token
+             4: [[0, 1], [1, 2], [2, 3], [4, 5], [5, 6], [6]]}  # 4 rows: tokens straddle tiles
+    for bm, tokens in tiles.items():
+        listed = [[v for i in tile for v in x.topk_indices[i].tolist() if v >= 0] for tile in tokens]
+        assert x.tile_rows(heads, bm) == (sum(len(set(ls)) for ls in listed), sum(map(len, listed))), bm
+    one = make_sparse_inputs(DIMS, [2], [1000], 16, shared=1.0, generator=gen(seed))
+    assert one.tile_rows(heads, 2 * heads) == (16, 32)  # two tokens listing the same 16: the gather reads them twice
+
+
 def test_the_custom_op_has_a_fake_implementation():
     from kgen import library
 
