@@ -4,7 +4,6 @@
 set -u
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >> "$OUT/summary.log"
-git log --oneline -1 >> "$OUT/summary.log" 2>/dev/null
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_peers/*.whl
 step() { local name=$1 limit=$2 s=$SECONDS; shift 2
   env PYTHONPATH=/tmp/site:$PWD KGEN_CACHE_DIR=/tmp/kc timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
