@@ -337,3 +337,13 @@ def test_model_validate_records_the_tiling_each_step_ran():
     h, t, length, b = SHAPES["memory_b32_long"]
     assert step_tiles(choice, spec, SHAPES["memory_b32_long"]) == choice.table.tiles_for(Bucket.of(t * b, b, length * b))
     assert Shape(8, 1, 100, 2, 64).context_tokens == 256  # two requests' two pages of 64 slots
+
+
+def test_union_work_counts_units_and_ring_rows_per_kernel():
+    """bench.union_work on lists small enough to count by hand: 32-key tiles, 2 tokens a row block."""
+    from bench.union_work import count
+
+    a, b, c = set(range(32)), set(range(100, 132)), set(range(200, 232))
+    assert count([a | b, a | c]) == {"union": (3, 96), "gather": (4, 128), "request union": (3, 96)}
+    # two row blocks sharing a: each block's union reads a again; the request's reads it once
+    assert count([a | b, a | b, a | c, a | c]) == {"union": (4, 128), "gather": (8, 256), "request union": (4, 96)}
