@@ -3,6 +3,7 @@ variant (the internal baseline) and, where bench/peers.py provides it, FlashMLA'
 with heads padded to 64 (what SGLang runs on Hopper), on the same indexer-shaped lists.
 
     python -m bench.sparse [--spec specs/glm5_dsa_sm120.yaml] [--plan-arch sm_120] [--check] [--out DIR]
+                           [--shapes 0,1 | --shape B,L,T,SHARED ...]
 
 Lists per request (kgen/sparse_testing.py): attention sinks, a recent window and common picks that
 every tree token lists (`shared` of K), plus each token's own picks; the union size is reported.
@@ -162,6 +163,18 @@ def anatomy(mod, shape, *, device) -> dict:
     return row
 
 
+def parse_shape(text: str) -> tuple[int, int, int, float]:
+    """--shape B,L,T,SHARED."""
+    try:
+        b, length, t, shared = text.split(",")
+        shape = int(b), int(length), int(t), float(shared)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not B,L,T,SHARED (e.g. 1,131072,32,0.5)") from None
+    if min(shape[:3]) < 1 or not 0 <= shape[3] <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: B, L and T are at least 1 and SHARED is a fraction")
+    return shape
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", default="specs/glm5_dsa_sm120.yaml")
@@ -173,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiles", default=None, help="an mma.sync tiling for the sparse kernels instead of the plan's "
                                                  "(e.g. mma_sync:32,32,2,8,1)")
     p.add_argument("--shapes", default=None, help="comma-separated indices into SHAPES (default: all)")
+    p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="B,L,T,SHARED",
+                   help="a shape of its own instead of SHAPES (repeatable), e.g. 1,131072,32,0.5")
     a = p.parse_args(argv)
     import kgen
     from kgen import designs
@@ -193,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     used = sparse_tiles(PlanContext(mod.spec, mod.plan.arch, mod.plan.tiles, ""))
     if tiles and not (isinstance(tiles, designs.MmaSyncTiles) and replace(tiles, q_apart=used.q_apart) == used):
         p.error(f"--tiles {a.tiles!r}: the sparse kernels run {used} instead (kgen/sparse_plan.py sparse_tiles)")
-    shapes = [SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES
+    shapes = a.shape or ([SHAPES[int(i)] for i in a.shapes.split(",")] if a.shapes else SHAPES)
     ceilings = measure_ceilings(device)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -347,3 +347,14 @@ def test_union_work_counts_units_and_ring_rows_per_kernel():
     assert count([a | b, a | c]) == {"union": (3, 96), "gather": (4, 128), "request union": (3, 96)}
     # two row blocks sharing a: each block's union reads a again; the request's reads it once
     assert count([a | b, a | b, a | c, a | c]) == {"union": (4, 128), "gather": (8, 256), "request union": (4, 96)}
+
+
+def test_bench_sparse_takes_shapes_of_its_own():
+    import argparse
+
+    from bench.sparse import parse_shape
+
+    assert parse_shape("1,131072,32,0.5") == (1, 131072, 32, 0.5)
+    for bad in ("1,131072,32", "1,131072,x,0.5", "0,4096,16,0.7", "1,4096,16,1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match="B,L,T,SHARED|at least 1"):
+            parse_shape(bad)
