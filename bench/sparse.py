@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", action="append", type=parse_shape, default=[], metavar="B,L,T,SHARED",
                    help="a shape of its own instead of SHAPES (repeatable), e.g. 1,131072,32,0.5")
     a = p.parse_args(argv)
+    if a.shape and a.shapes:
+        p.error("--shape and --shapes: give one or the other")
     import kgen
     from kgen import designs
     from kgen.sparse_plan import sparse_tiles

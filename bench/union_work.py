@@ -20,13 +20,10 @@ from functools import reduce
 
 import kgen
 from kgen.sparse_testing import make_sparse_inputs
+from kgen.splitkv import ceil_div
 
 BN, TOKENS = 32, 2  # keys a tile; tokens a 16-row block at H = 8
 CASES = ((16, 0.7), (16, 0.5), (16, 0.9), (64, 0.5))
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def count(lists: list[set[int]]) -> dict[str, tuple[int, int]]:

@@ -358,3 +358,11 @@ def test_bench_sparse_takes_shapes_of_its_own():
     for bad in ("1,131072,32", "1,131072,x,0.5", "0,4096,16,0.7", "1,4096,16,1.5"):
         with pytest.raises(argparse.ArgumentTypeError, match="B,L,T,SHARED|at least 1"):
             parse_shape(bad)
+
+
+def test_bench_sparse_refuses_shapes_of_both_kinds(capsys):
+    from bench.sparse import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--shapes", "0", "--shape", "1,4096,16,0.7"])
+    assert e.value.code == 2 and "--shape and --shapes: give one or the other" in capsys.readouterr().err
