@@ -335,8 +335,14 @@ def test_comparator_accepts_bf16_rounding_and_rejects_real_errors(seed):
 def test_comparator_finds_one_broken_row_in_a_good_average(seed):
     o_ref, lse_ref = make_verify_inputs(DIMS, [40, 40, 40], [10, 50, 0], generator=gen(seed)).verify_ref()
     o = o_ref.to(torch.bfloat16)
-    o[7, 1] *= 1.1  # 10% off in one of 360 rows: about 5e-3 over the whole output
-    with pytest.raises(AssertionError, match=r"row \(token, head\) \(7, 1\) has relative L2 error"):
+    # Break the smallest row that sees keys: its share of ||o|| is at most 1/sqrt(rows), so 10% off
+    # there stays under the whole-output tolerance on every seed (a large early-tree row would not).
+    row_norm = torch.linalg.vector_norm(o_ref, dim=-1)
+    token, head = divmod(int(torch.where(row_norm > 0, row_norm, math.inf).argmin()), o_ref.shape[1])
+    o[token, head] *= 1.1
+    whole = (torch.linalg.vector_norm(o.double() - o_ref) / torch.linalg.vector_norm(o_ref)).item()
+    assert whole < 1e-2, f"the broken row must hide in the average, but the whole output is {whole:.2e} off"
+    with pytest.raises(AssertionError, match=rf"row \(token, head\) \({token}, {head}\) has relative L2 error"):
         assert_close_attention(o, lse_ref, o_ref, lse_ref)
 
 
