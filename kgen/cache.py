@@ -88,25 +88,32 @@ class KernelCache:
         return self.entries / key[:2] / key
 
     def lookup(self, key: str) -> Entry | None:
-        """The entry for `key`, or None if absent; a damaged entry is removed and reported absent."""
+        """The entry for `key`, or None if absent; a damaged entry is removed and reported absent.
+        An entry that lands (or is replaced) while we read looks damaged for a moment, so a damaged
+        look is read once more before the entry is judged: a miss must never remove a good entry."""
         path = self.entry_dir(key)
+        for _ in range(2):
+            found = self._read(path)
+            if not isinstance(found, str):
+                return found
+        self._repair(path, found)
+        return None
+
+    @staticmethod
+    def _read(path: Path) -> Entry | str | None:
+        """The entry at `path`, None if there is none, or why it is damaged."""
         try:
             meta = json.loads((path / "meta.json").read_text())
             cubin = (path / "kernel.cubin").read_bytes()
         except (FileNotFoundError, NotADirectoryError) as e:
-            if path.is_dir():
-                self._repair(path, f"{Path(e.filename).name} is missing")
-            return None
+            return f"{Path(e.filename).name} is missing" if path.is_dir() else None
         except (OSError, ValueError) as e:
-            self._repair(path, f"unreadable: {e}")
-            return None
+            return f"unreadable: {e}"
         if not isinstance(meta, dict) or meta.get("cubin_bytes") != len(cubin):
-            self._repair(path, f"kernel.cubin has {len(cubin)} bytes, meta.json says "
-                               f"{meta.get('cubin_bytes') if isinstance(meta, dict) else '?'}")
-            return None
+            return (f"kernel.cubin has {len(cubin)} bytes, meta.json says "
+                    f"{meta.get('cubin_bytes') if isinstance(meta, dict) else '?'}")
         if meta.get("cubin_sha256") != hashlib.sha256(cubin).hexdigest():
-            self._repair(path, "kernel.cubin does not match its checksum")
-            return None
+            return "kernel.cubin does not match its checksum"
         return Entry(path, cubin, meta)
 
     def _repair(self, path: Path, why: str) -> None:

@@ -153,6 +153,29 @@ def test_a_repaired_entry_warns_once_naming_it(tmp_path, variant):
     assert len(caught) == 1 and str(entry) in str(caught[0].message)
 
 
+def test_an_entry_landing_during_a_lookup_is_read_not_removed(tmp_path, variant, monkeypatch):
+    """A process that misses just as another one's entry lands finds no meta.json, then the entry's
+    directory: that is a race, not damage. Judged as damage, the good entry was removed and compiled
+    again (once in ~40 runs of the eight-process test)."""
+    cache = KernelCache(tmp_path)
+    good = build_variant(variant, "sm_120", cache)
+    entry = next(p for p in (tmp_path / "v1").glob("*/*") if p.is_dir())
+    read_text, late = Path.read_text, []
+
+    def meta_not_there_yet(path, *args, **kwargs):
+        if path.name == "meta.json" and not late:
+            late.append(path)
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return read_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", meta_not_there_yet)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)
+        found = cache.lookup(entry.name)
+    assert late == [entry / "meta.json"] and found is not None and found.cubin == good.cubin
+    assert (entry / "meta.json").exists()
+
+
 def test_a_cache_dir_that_is_a_file_is_one_error_naming_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv("KGEN_CACHE_DIR", str(SPEC))
     with pytest.raises(CacheError, match=f"KGEN_CACHE_DIR={SPEC} is not a directory"):
