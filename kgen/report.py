@@ -115,17 +115,21 @@ def show_kernel_rows(built) -> list[dict]:
 
 
 def print_show_kernels(console: Console, rows: list[dict]) -> None:
-    console.print(table(["kernel", "threads", "dyn smem", "min/SM", "regs", "spill", "CTA/SM", "limit"],
+    console.print(table(["kernel", "threads", "smem", "min/SM", "regs", "spill", "CTA/SM", "limit"],
                         [[r["kernel"], r["threads"], r["dyn_smem_bytes"], r["min_blocks"], r["registers"],
                           r["spill_bytes"], r["ctas_per_sm"], r["limit"]] for r in rows], left=("kernel", "limit")))
-    console.print("dyn smem, spill: bytes; min/SM: the CTAs per SM the kernel is built for (__launch_bounds__); "
+    console.print("smem: dynamic shared memory, spill: bytes; min/SM: the CTAs per SM the kernel is built for (__launch_bounds__); "
                   "CTA/SM: what its registers and shared memory allow, and the resource that limits it",
                   highlight=False)
-    width = max(40, console.width - max(len(r["kernel"]) for r in rows) - 2)
-    console.print(table(["kernel", "variant id, then its SASS instruction counts"],
-                        [[r["kernel"], "\n".join([r["variant_id"], *wrap_pairs(r["sass"], width)])] for r in rows],
-                        left=("kernel", "variant id, then its SASS instruction counts"),
-                        wrap=("variant id, then its SASS instruction counts",)))
+    # A block a kernel, not a table: a sparse spec's variant ids (~65 characters) beside the kernel
+    # column pass 80, and a table would fold an id mid-name.
+    console.print("\nkernel, variant id, SASS instruction counts", style="bold", highlight=False)
+    for r in rows:
+        head = f"{r['kernel']}  {r['variant_id']}"
+        console.print(head if len(head) <= console.width else f"{r['kernel']}\n  {r['variant_id']}",
+                      highlight=False, markup=False, crop=False, soft_wrap=True)
+        for line in wrap_pairs(r["sass"], max(40, console.width - 2)):
+            console.print("  " + line, highlight=False)
 
 
 def bucket_rows(table_, buckets) -> list[dict]:

@@ -24,6 +24,7 @@ from kgen.model import grid
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "specs" / "glm5_sm120.yaml"
+DSA_SPEC = ROOT / "specs" / "glm5_dsa_sm120.yaml"  # the longest variant ids: sparse kernels, page 64, DSA rows
 KERNELS = ("prefix_attn", "tree_attn", "verify_attn", "lse_merge_bf16", "lse_merge_f32", "lse_combine", "kv_defrag",
            "split_schedule")
 
@@ -270,11 +271,12 @@ def test_build_tables_at_80_columns_hold_every_number(tmp_path, wide):
     _assert_whole(screen, values)
 
 
-@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
-def test_show_at_80_columns_holds_every_number_of_its_json(arch):
-    data = json.loads(kgen_cli("show", SPEC, "--arch", arch, "--json").stdout)
-    screen = on_terminal("show", SPEC, "--arch", arch)
-    values = _numbers_and_names({k: v for k, v in data.items() if k != "kernels"})
+@pytest.mark.parametrize("spec, arch", [(SPEC, "sm_120"), (SPEC, "sm_90"), (DSA_SPEC, "sm_120")])
+def test_show_at_80_columns_holds_every_number_of_its_json(spec, arch):
+    data = json.loads(kgen_cli("show", spec, "--arch", arch, "--json").stdout)
+    screen = on_terminal("show", spec, "--arch", arch)
+    sparse = [{**r, "shared": f"{r['shared']:.0%}"} for r in data.get("sparse") or []]  # printed as a percentage
+    values = _numbers_and_names({**{k: v for k, v in data.items() if k != "kernels"}, "sparse": sparse})
     values += [v for r in data["kernels"] for k, v in r.items() if k != "sass"]
     values += [pair for r in data["kernels"] for pair in re.findall(r"\S+ \S+", r["sass"])]
     _assert_whole(screen, [v for v in values if v != data["design"]])
