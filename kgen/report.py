@@ -118,8 +118,9 @@ def print_show_kernels(console: Console, rows: list[dict]) -> None:
     console.print(table(["kernel", "threads", "smem", "min/SM", "regs", "spill", "CTA/SM", "limit"],
                         [[r["kernel"], r["threads"], r["dyn_smem_bytes"], r["min_blocks"], r["registers"],
                           r["spill_bytes"], r["ctas_per_sm"], r["limit"]] for r in rows], left=("kernel", "limit")))
-    console.print("smem: dynamic shared memory, spill: bytes; min/SM: the CTAs per SM the kernel is built for (__launch_bounds__); "
-                  "CTA/SM: what its registers and shared memory allow, and the resource that limits it",
+    console.print("smem: dynamic shared memory, spill: bytes; min/SM: the CTAs per SM the kernel is built for "
+                  "(__launch_bounds__); CTA/SM: what its registers and shared memory allow, and the resource that "
+                  "limits it",
                   highlight=False)
     # A block a kernel, not a table: a sparse spec's variant ids (~65 characters) beside the kernel
     # column pass 80, and a table would fold an id mid-name.
