@@ -2,12 +2,13 @@
 folder to carry to the GPU machine (the device tool's `carry`), so the run compiles nothing it can
 load. NVRTC's output is the same on either machine: the cache key holds the NVRTC version.
 
-    python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|sm90_loops ...] [--jobs N]
+    python -m bench.warm OUT [--arch sm_90] [--group tests|sparse|dsa|dsa_pool|sm90_loops ...] [--jobs N]
 
 Groups: tests — every shipped and derived spec of tests/conftest.py, both plans, each with every
 tiling kgen.jit loads on the GPU (tuned tables' choices and their fits to batches: clusters); sparse — the
 sparse GPU tests' specs (tests/test_sparse_gpu.py), both plans; dsa — the specs kgen's SGLang DSA
-backend derives in tests/test_sglang_dsa_gpu.py; sm90_loops — the tilings of the sm_90 loops that
+backend derives in tests/test_sglang_dsa_gpu.py; dsa_pool — tests/test_dsa_pool_gpu.py's specs, both
+plans, every tiling as in `tests`; sm90_loops — the tilings of the sm_90 loops that
 tests/test_attention_gpu.py runs beside the plans (the wgmma loop over fp8 rows, the seesaw loop, the
 mma.sync loop over the DSA rows with their scales in V).
 Default: sparse, dsa, sm90_loops (the `tests` group is larger than
@@ -33,7 +34,7 @@ from kgen.spec import Spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-GROUPS = ("tests", "sparse", "dsa", "sm90_loops")
+GROUPS = ("tests", "sparse", "dsa", "dsa_pool", "sm90_loops")
 
 
 def dsa_backend_spec(kind: str, nodes: int) -> Spec:
@@ -47,10 +48,16 @@ def jobs(group: str, arch: str = "sm_90") -> list[tuple[Spec, str, object]]:
     """(spec, plan arch, tiles or None) of a group, for a GPU of `arch`."""
     from conftest import DERIVED_SPECS, SPEC_DIR, spec_named
 
-    if group == "tests":
-        specs = [spec_named(n) for n in [p.stem for p in sorted(SPEC_DIR.glob("*.yaml"))] + list(DERIVED_SPECS)]
-        return [(s, a, t) for s in specs for a in ("sm_90", "sm_120")
+    def every_tiling(names):  # both plans of each spec, with every tiling kgen.jit may load for them
+        return [(s, a, t) for s in map(spec_named, names) for a in ("sm_90", "sm_120")
                 for t in PlanChoice.find(s, get_arch(a), cubin_arch=get_arch(arch)).tilings()]
+
+    if group == "tests":
+        return every_tiling([p.stem for p in sorted(SPEC_DIR.glob("*.yaml"))] + list(DERIVED_SPECS))
+    if group == "dsa_pool":
+        from test_dsa_pool_gpu import SPECS
+
+        return every_tiling(SPECS)
     if group == "sparse":
         from test_sparse_gpu import SPARSE_SPECS, sparse_spec
 

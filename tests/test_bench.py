@@ -178,6 +178,11 @@ def test_warm_plans_what_the_gpu_tests_load():
         assert p.tiles.design == "seesaw" or (p.tiles.design == "wgmma" and spec.cache.kv_dtype == "float8_e4m3fn") \
             or (p.tiles.design == "mma_sync" and (p.tiles.v_scaled(spec) or p.tiles.bm == 16))
     assert {s.name for s, _, _ in warm.jobs("sparse")} >= {"glm5_dsa_sm120", "glm5_dsa_bf16_sm120"}
+    from test_dsa_pool_gpu import SPECS
+
+    pool = warm.jobs("dsa_pool")
+    assert {(s.name, arch) for s, arch, _ in pool} == {(n, a) for n in SPECS for a in ("sm_90", "sm_120")}
+    assert all(s.cache.per_block for s, _, _ in pool)
 
 
 def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_checkout_alone(tmp_path, monkeypatch):
