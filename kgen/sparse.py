@@ -29,7 +29,7 @@ _BF16 = (torch.bfloat16,)
 UNBOUNDED = (1 << 31) - 1  # the union kernel's splits have no size cap: a set that overflows runs in rounds
 # Where a row tile holds 2 tokens or fewer, the union kernel runs only while a wave of CTAs gives each
 # row tile at most this many splits (prefers_union).
-UNION_MAX_SPLITS = 12
+UNION_MAX_SPLITS = 10
 
 
 def _aligned(nbytes: int) -> int:
@@ -55,7 +55,9 @@ def prefers_union(k: SparseKernels, num_tokens: int) -> bool:
     pays for a hash-set build in every split. A 2-token tile (the sm_90 plan's 16-row tiles at H = 8)
     saves ~1/3 of its keys. With many splits per row tile, each split has too few keys to repay its
     build, and the gather wins. H100, sm_90 plan, L131072 T16, lists 0.7 shared (bench/NOTES.md s41h),
-    gather against union in us: B1 19.1 / 22.5 (33 splits a tile), B2 25.7 / 27.8 (16), B4 40.4 / 38.6 (8).
+    gather against union in us: B1 19.1 / 22.5 (33 splits a tile), B2 25.7 / 27.8 (16), B4 40.4 / 38.6 (8);
+    one request over T (call BO), lists 0.5 / 0.7 shared: T48 (11 splits) 36.5 / 38.7 and 36.2 / 35.3,
+    T64 (8) 41.4 / 42.3 and 41.3 / 40.5, so the edge lies between 11 and 8 splits.
     Tiles of 4 tokens (the sm_120 plan's) always take the union."""
     if tile_tokens(k.spec.model.num_q_heads, k.bm) > 2:
         return True
