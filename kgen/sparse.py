@@ -29,7 +29,7 @@ _BF16 = (torch.bfloat16,)
 UNBOUNDED = (1 << 31) - 1  # the union kernel's splits have no size cap: a set that overflows runs in rounds
 # Where a row tile holds 2 tokens or fewer, the union kernel runs only while a wave of CTAs gives each
 # row tile at most this many splits (prefers_union).
-UNION_MAX_SPLITS = 10
+UNION_MAX_SPLITS = 6
 
 
 def _aligned(nbytes: int) -> int:
@@ -54,10 +54,10 @@ def prefers_union(k: SparseKernels, num_tokens: int) -> bool:
     when its caller does not say. The union saves the keys a row tile's tokens list in common, and
     pays for a hash-set build in every split. A 2-token tile (the sm_90 plan's 16-row tiles at H = 8)
     saves ~1/3 of its keys. With many splits per row tile, each split has too few keys to repay its
-    build, and the gather wins. H100, sm_90 plan, L131072 T16, lists 0.7 shared (bench/NOTES.md s41h),
-    gather against union in us: B1 19.1 / 22.5 (33 splits a tile), B2 25.7 / 27.8 (16), B4 40.4 / 38.6 (8);
-    one request over T (call BO), lists 0.5 / 0.7 shared: T48 (11 splits) 36.5 / 38.7 and 36.2 / 35.3,
-    T64 (8) 41.4 / 42.3 and 41.3 / 40.5, so the edge lies between 11 and 8 splits.
+    build, and the gather wins. H100, sm_90 plan, L131072 T16 (bench/NOTES.md v99), gather against
+    union in us, lists 0.7 / 0.5 shared: B4 (8.25 splits a tile) 38.4 / 38.4 and 38.9 / 42.4, B6 (5.5)
+    55.4 / 51.9 and 55.8 / 58.1, B8 (4.1) 64.9 / 61.0 and 66.6 / 69.5; one request: the gather up to
+    T64 (8.25). So the edge lies between 8.25 and 5.5 splits.
     Tiles of 4 tokens (the sm_120 plan's) always take the union."""
     if tile_tokens(k.spec.model.num_q_heads, k.bm) > 2:
         return True
@@ -108,6 +108,9 @@ class SparseStep:
         if width > spec.model.index_topk:
             raise ValueError(f"topk_indices: {width} entries per row exceed the spec's index_topk "
                              f"{spec.model.index_topk}")
+        if self.num_tokens * width >= 1 << 32:  # the kernels index the lists' entries in 32 bits
+            raise ValueError(f"topk_indices: {self.num_tokens} x {width} entries exceed the 2^32 the sparse "
+                             f"kernels address; split the batch")
         self.tree_mask = self._check_tree(spec, tree_mask)
         self.validate = env.flag("KGEN_VALIDATE")
         self.union = union = prefers_union(kernels, self.num_tokens) if union is None else union

@@ -15,9 +15,10 @@
 //   capacity is split into sub-partitions by more hash bits (rounds), each appended to the list.
 //   A row tile of one token has nothing to merge: its split lists its entries as gather does.
 // - gather (the internal baseline): split s owns a contiguous range of the tile's list entries,
-//   each entry one key of one token (a slot listed by k tokens is read k times).
-// The list goes to a global scratch region per CTA (LIST_KEYS keys: a row tile's entries, which
-// bound its distinct slots), built whole before the CTA attends it as one key range (the ring is
+//   each entry one key of one token (a slot listed by k tokens is read k times), read in place:
+//   no list is built (an entry naming no slot stages a zero row, masked).
+// The union's list goes to a global scratch region per CTA (LIST_KEYS keys: a row tile's entries,
+// which bound its distinct slots), built whole before the CTA attends it as one key range (the ring is
 // busy while the keys are read). The request's tree rides on its last split, as in verify_attn.
 #pragma once
 #include "kgen/attention_kernels.cuh"
@@ -403,6 +404,89 @@ __device__ __noinline__ void copy_item_q(char* smem, const bf16* q, const Sparse
     copy_q<C>(smem, item_q_rows<C>(q, r), r.rows);
 }
 
+// The row a gather key whose list entry names no slot (-1, or outside the cache) is staged from:
+// zeros in every row format (latent, block scales, rope), so its P·V term is 0 whatever the cache
+// holds (its score the softmax masks). Never written.
+template <int ROW_BYTES>
+__device__ __align__(16) char zero_row[ROW_BYTES];
+
+// Whether a list entry names a KV row of a cache of num_slots rows (-1, any negative: no key).
+__device__ __forceinline__ bool names_row(int slot, long long num_slots) { return slot >= 0 && slot < num_slots; }
+
+// A gather split's keys read in place: key j is entry entry0 + j of topk (no key list is built:
+// each entry is one key of its own token). Every field but entry0 is a kernel argument, which
+// ptxas reloads from the constant bank rather than hold in registers through the loop.
+template <int ROW_BYTES>
+struct EntryRows {
+    const char* kv_cache;
+    const int* topk;  // SparseArgs::topk
+    long long num_slots;
+    unsigned entry0;  // the split's first entry in topk
+    __device__ __forceinline__ int fetch(int j) const { return __ldg(topk + entry0 + j); }
+    __device__ __forceinline__ const char* row(int, int slot) const {
+        return names_row(slot, num_slots) ? kv_cache + (long long)slot * ROW_BYTES : zero_row<ROW_BYTES>;
+    }
+};
+
+// Row r sees gather key j when its entry names a row and is the row's token's: key j is entry
+// e0 + j of the row tile's, token t's entries are [t x width, (t + 1) x width).
+template <class C>
+struct EntryVisible {
+    static constexpr bool ALL = false;
+    const int* topk;  // kernel arguments: SparseArgs::topk, num_slots, topk_width
+    long long num_slots;
+    int width;
+    unsigned entry0;  // the split's first entry in topk
+    int e0;  // and among its row tile's entries
+    int head0, num_rows;  // the tile's first row's head; the request's rows from the tile's first
+};
+
+// EntryVisible's answers for one tile: the keys of the row's token, as a window of bits, and of
+// those the entries that name a row, loaded when the tile starts (as ListVisible's masks).
+template <class C>
+__device__ __forceinline__ ListTileVisibility tile_visibility(const EntryVisible<C>& v, int tile, int num_keys,
+                                                              const WarpCoords& w) {
+    static_assert(C::RED_COLS <= 32, "a row's keys of a tile fit one word");
+    if (w.red_row >= v.num_rows) return {0u};  // a padding row sees nothing
+    const int key0 = tile * C::BN + w.red_col0;
+    const int token = (v.head0 + w.red_row) / C::HEADS;
+    // The token's keys are the columns [first, end), cut at the split's last key.
+    const int first = token * v.width - v.e0 - key0, end = min(first + v.width, num_keys - key0);
+    const SlotRange range(v.num_slots);
+    unsigned bits = 0;
+#pragma unroll
+    for (int c = 0; c < C::RED_COLS; ++c)
+        if (c < end) bits |= static_cast<unsigned>(range.names(__ldg(v.topk + v.entry0 + key0 + c))) << c;
+    const int lo = min(max(first, 0), C::RED_COLS), hi = min(max(end, lo), C::RED_COLS);
+    return {bits & static_cast<unsigned>((1ull << hi) - (1ull << lo))};
+}
+
+// A split's entries of its row tile's lists: [e0, e1) of the tile's tokens x width entries.
+__device__ __forceinline__ void split_entries(const SparseItem& item, int entries, int& e0, int& e1) {
+    const int per = (entries + item.splits - 1) / item.splits;
+    e0 = min(entries, item.split * per);  // per <= max_chunk, or one token's entries: <= LIST_KEYS
+    e1 = min(entries, e0 + per);
+}
+
+// The item's attention over the key range keys_of(its rows) and, in its request's last split, the
+// request's tree tokens under the tree mask, into the partial state of slot blockIdx.x.
+template <class C, int MASK_WORDS, class RequestMask, class KeysOf, class PartO>
+__device__ __forceinline__ void attend_item(char* smem, const bf16* q, float kv_scale, const char* k_tree,
+                                            const RequestMask& request_mask, const SparseArgs& a,
+                                            const SparseItem& item, const KeysOf& keys_of, PartO* part_o,
+                                            float* part_lse, float scale_log2) {
+    const ItemRows r = sparse_item_rows<C>(a, item);
+    const auto keys = keys_of(r);
+    const bool last_split = item.split == item.splits - 1;
+    const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
+    const auto attend_from = [&](const auto& q_rows) {  // StagedQ where copy_item_q started Q's copies
+        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV,
+                  part_lse + (long long)blockIdx.x * C::BM);
+    };
+    if constexpr (C::Q_APART) attend_from(StagedQ{});
+    else attend_from(item_q_rows<C>(q, r));
+}
+
 // sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
 // slots, then, in the last split, the request's tree tokens under the tree mask; one online
 // softmax into the partial state of slot blockIdx.x. LIST_KEYS: keys of a CTA's list scratch.
@@ -424,26 +508,43 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     if (item.b < 0) return;
     if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);
     const int row0 = item.row_tile * C::BM, token0 = row0 / C::HEADS, width = a.topk_width;
-    const KeyList list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
-                       reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * LIST_KEYS};
-    // The item's key list, built whole (its rows are read again after: held, they spilled across the
-    // builders' calls).
-    const int n = [&] {
-        int count = 0;
-        const ItemRows r = sparse_item_rows<C>(a, item);
-        const int tile_tokens = (row0 + min(r.rows, C::BM) - 1) / C::HEADS + 1 - token0;
-        const int* lists = a.topk + (long long)(r.qo0 + token0) * width;
-        // A row tile of one token (decode, or a request's last tile) has no lists to merge: its
-        // token's slots are distinct (DESIGN §12), so the union kernel lists them as gather does.
-        if (UNION && tile_tokens > 1) {
+    const auto tile_tokens = [&](const ItemRows& r) { return (row0 + min(r.rows, C::BM) - 1) / C::HEADS + 1 - token0; };
+    if constexpr (!UNION) {
+        // The split's entries are its keys, read in place.
+        attend_item<C, MASK_WORDS>(smem, q, kv_scale, k_tree, request_mask, a, item, [&](const ItemRows& r) {
+            int e0, e1;
+            split_entries(item, tile_tokens(r) * width, e0, e1);
+            const unsigned entry0 = static_cast<unsigned>(r.qo0 + token0) * width + e0;  // < 2^32: kgen/sparse.py
+            SlotRange(a.num_slots).report(a.topk + entry0 - e0, e0, e1, a);
+            const EntryRows<C::KV_ROW> rows{kv_cache, a.topk, a.num_slots, entry0};
+            const EntryVisible<C> visible{a.topk, a.num_slots, width, entry0, e0, row0 % C::HEADS, r.rows};
+            return KeyRange<EntryRows<C::KV_ROW>, EntryVisible<C>>{rows, e1 - e0, visible, 0, (e1 - e0 + C::BN - 1) / C::BN};
+        }, part_o, part_lse, scale_log2);
+    } else {
+        const KeyList list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
+                           reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * LIST_KEYS};
+        // The item's key list, built whole (its rows are read again after: held, they spilled across the
+        // builders' calls).
+        const int n = [&] {
+            int count = 0;
+            const ItemRows r = sparse_item_rows<C>(a, item);
+            const int tokens = tile_tokens(r);
+            const int* lists = a.topk + (long long)(r.qo0 + token0) * width;
+            // A row tile of one token (decode, or a request's last tile) has no lists to merge: its
+            // token's slots are distinct (DESIGN §12), so its split lists its entries as they come.
+            if (tokens == 1) {
+                int e0, e1;
+                split_entries(item, width, e0, e1);
+                return build_gather(Set::at(smem, nullptr, Set::MIN_SIZE).scan, list, lists, width, e0, e1, a);
+            }
             // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
             // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
             // Rounds take disjoint slots, so their lists append.
-            int size = initial_set_size<Set>(tile_tokens * width, item.splits);
+            int size = initial_set_size<Set>(tokens * width, item.splits);
             unsigned mod = 1, rem = 0;
             while (true) {
                 const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
-                const int m = build_union(Set::at(smem, smem + C::S_OFF, size), lists, tile_tokens, width, filter,
+                const int m = build_union(Set::at(smem, smem + C::S_OFF, size), lists, tokens, width, filter,
                                           KeyList{list.slots + count, list.masks + count}, a);
                 if (m < 0) {
                     if (size < TABLE) size *= 2;
@@ -460,34 +561,21 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             }
             // Every split scanned all the tile's entries and skipped the slots outside the cache; one
             // reports them (KGEN_VALIDATE), once, not every split every round.
-            if (item.split == 0) SlotRange(a.num_slots).report(lists, 0, tile_tokens * width, a);
-        } else {
-            const int entries = tile_tokens * width;  // <= 32 x 65536
-            const int per = (entries + item.splits - 1) / item.splits;
-            const int e0 = min(entries, item.split * per);  // per <= max_chunk, or one token's entries: <= LIST_KEYS
-            count = build_gather(Set::at(smem, nullptr, Set::MIN_SIZE).scan, list, lists, width, e0,
-                                 min(entries, e0 + per), a);
-        }
-        return count;
-    }();
-    // The ring held the hash set (generic-proxy writes) that the loop's copies now overwrite; the
-    // masks, read in every tile's softmax, are fetched into L1 first (this CTA just wrote them).
-    fence_proxy_async();
-    __syncthreads();
-    for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l1(list.masks + i);
-    const ItemRows r = sparse_item_rows<C>(a, item);
-    const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
-    const ListVisible<C> visible{reinterpret_cast<const unsigned*>(a.lists),
-                                 static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0, r.rows};
-    const KeyRange<ListRows<C::KV_ROW>, ListVisible<C>> keys{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
-    const bool last_split = item.split == item.splits - 1;
-    const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
-    const auto attend_from = [&](const auto& q_rows) {  // StagedQ where copy_item_q started Q's copies
-        attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV,
-                  part_lse + (long long)blockIdx.x * C::BM);
-    };
-    if constexpr (C::Q_APART) attend_from(StagedQ{});
-    else attend_from(item_q_rows<C>(q, r));
+            if (item.split == 0) SlotRange(a.num_slots).report(lists, 0, tokens * width, a);
+            return count;
+        }();
+        // The ring held the hash set (generic-proxy writes) that the loop's copies now overwrite; the
+        // masks, read in every tile's softmax, are fetched into L1 first (this CTA just wrote them).
+        fence_proxy_async();
+        __syncthreads();
+        for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l1(list.masks + i);
+        attend_item<C, MASK_WORDS>(smem, q, kv_scale, k_tree, request_mask, a, item, [&](const ItemRows& r) {
+            const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
+            const ListVisible<C> visible{reinterpret_cast<const unsigned*>(a.lists),
+                                         static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0, r.rows};
+            return KeyRange<ListRows<C::KV_ROW>, ListVisible<C>>{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
+        }, part_o, part_lse, scale_log2);
+    }
     // The sparse combine may launch once every CTA is here or gone (CTAs without an item): after the
     // loop, since a combine started early measured slower (bench/NOTES.md v29).
     launch_dependents();

@@ -93,7 +93,7 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
 
 def test_a_step_picks_the_union_kernel_unless_a_2_token_tile_gets_many_splits():
     """prepare_sparse(union=None): gather where row tiles of <= 2 tokens get more than
-    UNION_MAX_SPLITS splits a wave (B <= 2 at T16 on 132 SMs, two CTAs each), else the union."""
+    UNION_MAX_SPLITS splits a wave (B <= 5 at T16 on 132 SMs, two CTAs each), else the union."""
     from types import SimpleNamespace
 
     spec = spec_named("glm5_dsa_sm120")
@@ -102,9 +102,9 @@ def test_a_step_picks_the_union_kernel_unless_a_2_token_tile_gets_many_splits():
         return SimpleNamespace(spec=spec, bm=bm, target=target)
 
     two_cta = kernels(16, 2 * 132)  # the sm_90 plan's 16-row tiles: 2 tokens of 8 heads
-    assert [prefers_union(two_cta, 16 * b) for b in (1, 2, 4, 8, 32)] == [False, False, True, True, True]
-    assert prefers_union(two_cta, 64)  # one request of 64 tokens: 32 row tiles, 8 splits each
-    assert not prefers_union(two_cta, 48)  # 24 row tiles, 11 splits each: the gather (call BO)
+    assert [prefers_union(two_cta, 16 * b) for b in (1, 2, 4, 6, 8, 32)] == [False, False, False, True, True, True]
+    assert not prefers_union(two_cta, 64)  # one request of 64 tokens: 32 row tiles, 8.25 splits each
+    assert prefers_union(two_cta, 88)  # 44 row tiles, 6 splits each
     assert not prefers_union(two_cta, 1)  # decode: one token's list, no union to take
     row_tiles = 16 * 8 // 16
     assert prefers_union(kernels(16, UNION_MAX_SPLITS * row_tiles), 16)
