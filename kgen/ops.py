@@ -122,7 +122,7 @@ class Module:
         the largest batch also holds the smaller steps that pick the other one."""
         k = self._sparse_kernels()
         kinds = (True, False) if union is None else (union,)
-        return max(sparse_workspace_layout(k, sparse_grid(k, num_tokens, batch, u), batch)[4] for u in kinds)
+        return max(sparse_workspace_layout(k, sparse_grid(k, num_tokens, batch, u), batch, u)[4] for u in kinds)
 
     def sparse_verify_attention(self, q, kv_cache, k_tree, qo_indptr, topk_indices, tree_mask, *, kv_scale=1.0,
                                 out=None, lse=None):

@@ -77,15 +77,15 @@ def sparse_grid(k: SparseKernels, num_tokens: int, batch: int, union: bool = Tru
     return k.target + row_tiles * ceil_div(tile_tokens * k.spec.model.index_topk, k.capacity)
 
 
-def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int) -> tuple[int, int, int, int, int]:
+def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int, union: bool) -> tuple[int, int, int, int, int]:
     """Byte offsets of part_lse, req_meta, the key lists and the schedule table in a workspace
-    (part_o starts it), and its size, for `grid` CTAs (a partial state of BM rows and a list of
-    LIST_KEYS keys each)."""
+    (part_o starts it), and its size, for `grid` CTAs (a partial state of BM rows each, and for the
+    union kernel a list of LIST_KEYS keys each: the gather kernel reads its list entries in place)."""
     rows = grid * k.bm
     part_lse = _aligned(rows * k.spec.model.value_dim * PART_O_BYTES)
     req_meta = part_lse + _aligned(rows * 4)
     lists = req_meta + _aligned(batch * 16)
-    table = lists + _aligned(grid * 2 * k.list_keys * 4)
+    table = lists + _aligned(grid * 2 * k.list_keys * 4 if union else 0)
     return part_lse, req_meta, lists, table, table + _aligned(table_bytes(grid, batch))
 
 
@@ -115,11 +115,11 @@ class SparseStep:
         self.validate = env.flag("KGEN_VALIDATE")
         self.union = union = prefers_union(kernels, self.num_tokens) if union is None else union
         self.grid = sparse_grid(kernels, self.num_tokens, batch, union)
-        if self.grid * 2 * kernels.list_keys >= 1 << 32:  # the kernels index the key lists' masks in 32 bits
+        if union and self.grid * 2 * kernels.list_keys >= 1 << 32:  # the union indexes its lists' masks in 32 bits
             raise ValueError(f"prepare_sparse: {self.grid} CTAs' key lists of {kernels.list_keys} keys each "
                              f"exceed the 2^32 entries the sparse kernels address; split the batch")
         self._empty = self.num_tokens == 0 or batch == 0
-        part_lse, req_meta, lists, table, size = sparse_workspace_layout(kernels, self.grid, batch)
+        part_lse, req_meta, lists, table, size = sparse_workspace_layout(kernels, self.grid, batch, union)
         if workspace is None:
             workspace = torch.empty(0 if self._empty else size, dtype=torch.uint8, device=dev)
         else:

@@ -124,6 +124,21 @@ def test_a_default_step_and_its_workspace_follow_the_choice(seed):
     assert mod.sparse_workspace_bytes(16, 1) == max(mod.sparse_workspace_bytes(16, 1, union=u) for u in (True, False))
 
 
+def test_only_the_union_kernels_workspace_holds_key_lists():
+    """The gather kernel reads its split's list entries in place (bench/NOTES.md v99): its workspace
+    has no key-list region, the union's one of LIST_KEYS slots and masks a CTA."""
+    from test_step import stub_module
+
+    from kgen.sparse import sparse_workspace_layout
+
+    k = stub_module("glm5_dsa_sm120", sm_count=132)._sparse_kernels()
+    for grid, batch in ((300, 1), (1001, 64)):
+        _, _, lists, table, size = sparse_workspace_layout(k, grid, batch, union=False)
+        _, _, u_lists, u_table, u_size = sparse_workspace_layout(k, grid, batch, union=True)
+        assert lists == u_lists and table == lists
+        assert u_table - u_lists >= grid * 2 * k.list_keys * 4 and u_size - size == u_table - table
+
+
 @pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
 @pytest.mark.parametrize("kv", ["bfloat16", "float8_e4m3fn", "per_block"])
 def test_the_sparse_kernels_compile_without_spills_and_use_the_tensor_cores(arch, kv, tmp_path_factory):
