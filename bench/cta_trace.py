@@ -56,8 +56,8 @@ PATCHES = {
          "    KGEN_TRACE_START(part_o);\n"
          "    const SparseItem item = find_sparse_item<C::HEADS, C::BM>(a, schedule_table, schedule_scratch<C>(smem));\n"
          "    if (item.b < 0) { KGEN_TRACE(3); return; }\n    KGEN_TRACE(1);\n"),
-        ("    fence_proxy_async();\n    __syncthreads();\n",
-         "    KGEN_TRACE(7);\n    fence_proxy_async();\n    __syncthreads();\n"),
+        ("        fence_proxy_async();\n        __syncthreads();\n",  # the union's list built (the gather builds none)
+         "        KGEN_TRACE(7);\n        fence_proxy_async();\n        __syncthreads();\n"),
         ("    if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);\n",
          "    if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);\n    KGEN_TRACE(14);\n"),
         ("    set.clear();\n    __syncthreads();\n",
