@@ -234,7 +234,7 @@ def test_a_step_reads_its_work_items_from_its_schedule_table_while_it_matches_qo
     meta = {"qo_indptr": first.base.qo_indptr.clone(), "topk": first.topk_indices.clone(),
             "mask": first.base.op_mask.clone()}
     step = mod.prepare_sparse(meta["qo_indptr"], meta["topk"], meta["mask"], union=union)
-    _, req_meta, _, table, _ = sparse_workspace_layout(mod._sparse, step.grid, step.batch)
+    _, req_meta, _, table, _ = sparse_workspace_layout(mod._sparse, step.grid, step.batch, step.union)
     assert step.schedule_table == step.workspace.data_ptr() + table
     items = table + table_items(step.batch)
 
