@@ -13,7 +13,7 @@
 //   it (and the row tiles of one split run side by side, so DRAM sees it once per request).
 //   The set lives in the KV ring before the ring is used; a list that would outgrow the set's
 //   capacity is split into sub-partitions by more hash bits (rounds), each appended to the list.
-//   A row tile of one token has nothing to merge: its split lists its entries as gather does.
+//   A row tile of one token has nothing to merge: its split lists its entries as they come.
 // - gather (the internal baseline): split s owns a contiguous range of the tile's list entries,
 //   each entry one key of one token (a slot listed by k tokens is read k times), read in place:
 //   no list is built (an entry naming no slot stages a zero row, masked).
@@ -366,9 +366,9 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
     return fits ? set.compact(list) : -1;
 }
 
-// Gather piece: list entries [e0, e1) of the tile's tokens, each a key of its own token, in order.
-__device__ __noinline__ int build_gather(int* scan, const KeyList list, const int* lists, int width, int e0, int e1,
-                                         const SparseArgs a) {
+// The union's list of a one-token row tile: its entries [e0, e1) that name a row, in order.
+__device__ __noinline__ int build_entry_list(int* scan, const KeyList list, const int* lists, int width, int e0, int e1,
+                                             const SparseArgs a) {
     const int per = (e1 - e0 + blockDim.x - 1) / blockDim.x;
     const int begin = e0 + threadIdx.x * per, end = min(e1, begin + per);
     SlotRange range(a.num_slots);
@@ -432,7 +432,6 @@ struct EntryRows {
 // e0 + j of the row tile's, token t's entries are [t x width, (t + 1) x width).
 template <class C>
 struct EntryVisible {
-    static constexpr bool ALL = false;
     const int* topk;  // kernel arguments: SparseArgs::topk, num_slots, topk_width
     long long num_slots;
     int width;
@@ -464,7 +463,7 @@ __device__ __forceinline__ ListTileVisibility tile_visibility(const EntryVisible
 // A split's entries of its row tile's lists: [e0, e1) of the tile's tokens x width entries.
 __device__ __forceinline__ void split_entries(const SparseItem& item, int entries, int& e0, int& e1) {
     const int per = (entries + item.splits - 1) / item.splits;
-    e0 = min(entries, item.split * per);  // per <= max_chunk, or one token's entries: <= LIST_KEYS
+    e0 = min(entries, item.split * per);  // per <= the schedule's max_chunk, or one token's entries
     e1 = min(entries, e0 + per);
 }
 
@@ -535,7 +534,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             if (tokens == 1) {
                 int e0, e1;
                 split_entries(item, width, e0, e1);
-                return build_gather(Set::at(smem, nullptr, Set::MIN_SIZE).scan, list, lists, width, e0, e1, a);
+                return build_entry_list(Set::at(smem, nullptr, Set::MIN_SIZE).scan, list, lists, width, e0, e1, a);
             }
             // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
             // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
