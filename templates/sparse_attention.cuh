@@ -410,9 +410,6 @@ __device__ __noinline__ void copy_item_q(char* smem, const bf16* q, const Sparse
 template <int ROW_BYTES>
 __device__ __align__(16) char zero_row[ROW_BYTES];
 
-// Whether a list entry names a KV row of a cache of num_slots rows (-1, any negative: no key).
-__device__ __forceinline__ bool names_row(int slot, long long num_slots) { return slot >= 0 && slot < num_slots; }
-
 // A gather split's keys read in place: key j is entry entry0 + j of topk (no key list is built:
 // each entry is one key of its own token). Every field but entry0 is a kernel argument, which
 // ptxas reloads from the constant bank rather than hold in registers through the loop.
@@ -424,7 +421,7 @@ struct EntryRows {
     unsigned entry0;  // the split's first entry in topk
     __device__ __forceinline__ int fetch(int j) const { return __ldg(topk + entry0 + j); }
     __device__ __forceinline__ const char* row(int, int slot) const {
-        return names_row(slot, num_slots) ? kv_cache + (long long)slot * ROW_BYTES : zero_row<ROW_BYTES>;
+        return SlotRange(num_slots).names(slot) ? kv_cache + (long long)slot * ROW_BYTES : zero_row<ROW_BYTES>;
     }
 };
 
