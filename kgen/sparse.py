@@ -46,6 +46,10 @@ class SparseKernels:
         self.bm = self.combine.variant.constants["BM"]
         self.capacity = list_capacity(self.union.variant.constants["TABLE"])  # a gather split's entries at most
         self.list_keys = self.union.variant.constants["LIST_KEYS"]  # a CTA's list scratch
+        # The union queues an entry as its slot with its token in the top bits (templates/sparse_attention.cuh
+        # SlotSet::queue_entry): the slots it reads stay below 2^(32 - those bits) (int32 slots: 2^31).
+        token_bits = (tile_tokens(spec.model.num_q_heads, self.bm) - 1).bit_length()
+        self.union_slots = 1 << (32 - token_bits)
         self.target = sm_count * self.union.variant.min_blocks  # one wave of attention CTAs
 
 
@@ -135,6 +139,7 @@ class SparseStep:
         self._lse_shape = (self.num_tokens, m.num_q_heads)
         self._kv = KVArgs(spec, dev)
         self._kernel = kernels.union if union else kernels.gather
+        self._union_slots = kernels.union_slots
         schedule = dict(qo_indptr=self.qo_indptr, topk_width=width, batch=batch, target_ctas=kernels.target,
                         min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else kernels.capacity,
                         max_nodes=spec.tree.nodes, total_tokens=self.num_tokens)
@@ -189,6 +194,9 @@ class SparseStep:
         v.kv_scale = kv_scale = self._kv.scale(kv_scale)
         v.q = checks.address("q", q, dtypes=_BF16, device=dev, shape=self._q_shape)
         v.kv_cache, v.num_slots = self._kv.cache(kv_cache)
+        if self.union and min(v.num_slots, 1 << 31) > self._union_slots:
+            raise ValueError(f"kv_cache: {v.num_slots} rows exceed the {self._union_slots} the union kernel "
+                             f"addresses; prepare the step with union=False")
         v.k_tree, k_tree = self._kv.tree(k_tree, self.num_tokens, kv_scale)  # held until the launch
         if out is None:
             out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=dev)

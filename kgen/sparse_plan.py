@@ -87,20 +87,28 @@ def list_keys(c: PlanContext, t: MmaSyncTiles) -> int:
 
 def set_bytes(table: int) -> int:
     """Shared memory of the hash set in the KV ring (SlotSet::BYTES): 8 B an entry and 136 B of
-    counters and scan scratch (the warps' insertion queues are in the partial-score region)."""
+    counters and scan scratch."""
     return table * 8 + 136
+
+
+# The warps' insertion queues follow the set (on into the partial-score region, idle while the list is
+# built), 4 B an entry, LOADS x 32 entries a warp (templates/sparse_attention.cuh queue_loads: up to
+# 32 loads a thread, fewer where the room before the barriers is short, never under MIN_QUEUE_LOADS).
+MIN_QUEUE_LOADS = 16
 
 
 def table_entries(c: PlanContext, t: MmaSyncTiles) -> int:
     """Entries of the shared-memory hash set, the largest power of two up to MAX_TABLE whose set
-    fits the KV ring."""
-    ring = t.layout(c.spec)["RING_BYTES"]
+    fits the KV ring and leaves room for the insertion queues before the barriers."""
+    layout = t.layout(c.spec)
+    ring, room = layout["RING_BYTES"], layout["BAR_OFF"]
+    queues = t.threads * 4 * MIN_QUEUE_LOADS
     table = MAX_TABLE
-    while set_bytes(table) > ring:
+    while set_bytes(table) > ring or set_bytes(table) + queues > room:
         table //= 2
     if table < 1024:
         raise PlanError(f"{c.spec.name}: the sparse hash set needs at least 1024 entries in the KV ring "
-                        f"({ring} B with {t.stages} stages)")
+                        f"({ring} B with {t.stages} stages) and its insertion queues {queues} B more")
     return table
 
 

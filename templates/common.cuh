@@ -174,15 +174,15 @@ __device__ __forceinline__ float lds_f32(const void* p) {
     return v;
 }
 
-// A u16 to / from shared address `addr` (smem_addr): where a function that is not inlined gets a
+// A u32 to / from shared address `addr` (smem_addr): where a function that is not inlined gets a
 // pointer into shared memory, the compiler no longer knows its space and goes through generic
 // 64-bit addresses (five more instructions a store in the union's unrolled scan: bench/NOTES.md v91).
-__device__ __forceinline__ void sts_u16(unsigned addr, unsigned short v) {
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+__device__ __forceinline__ void sts_u32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ unsigned short lds_u16(unsigned addr) {
-    unsigned short v;
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
+__device__ __forceinline__ unsigned lds_u32(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
 }
 

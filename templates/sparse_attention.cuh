@@ -108,38 +108,58 @@ struct SlotFilter {
     }
 };
 
+// Shared memory of a hash set of `table` entries (SlotSet::BYTES): keys, masks, counters, scan scratch.
+constexpr int slot_set_bytes(int table) { return table * 8 + 34 * 4; }
+
 // The shared-memory hash set of a union round: `size` slots (-1 = empty) and masks, then the
 // count of slots inserted and the overflow flag, then 32 ints of scan scratch (BYTES, in the KV
-// ring), and apart from them each warp's queue of entries to insert (build_union: in the
-// partial-score region, idle while the list is built). The layout is TABLE's; a round uses `size` <= TABLE
+// ring), then each warp's queue of entries to insert (build_union: on into the partial-score region,
+// all of it idle while the list is built; LOADS, the entries a thread scans at a time, is what the room
+// before the barriers allows, up to 32). The layout is TABLE's; a round uses `size` <= TABLE
 // entries (a power of two), picked for the split's expected share of keys, so clearing and
 // compacting it costs what the split needs. A row tile of at most 4 tokens (TOKENS) keeps a slot's
 // membership as one byte a token in its mask word: a lane sets its token's byte with a plain store,
 // which no other token's store can clobber, so an entry costs no atomic but the CAS that places a new
 // slot (the atomicOr a listing took was most of a batched CTA's shared atomics: bench/NOTES.md v85);
 // compact() packs the bytes into bits.
-template <int TABLE, int TOKENS>
+template <int TABLE, int TOKENS_, int LOADS_>
 struct SlotSet {
+    static constexpr int TOKENS = TOKENS_;
     static constexpr bool BYTE_FLAGS = TOKENS <= 4;
     static constexpr int TABLE_ENTRIES = TABLE;
     static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
-    static constexpr int LOADS = 32;           // list entries a thread scans at a time
-    static constexpr int QUEUE_PER_WARP = 32 * LOADS;  // entries (u16) of a warp's insertion queue
-    static constexpr int BYTES = TABLE * 8 + 34 * 4;  // without the queues
+    static constexpr int LOADS = LOADS_;       // list entries a thread scans at a time
+    static constexpr int QUEUE_PER_WARP = 32 * LOADS;  // entries (u32) of a warp's insertion queue
+    static constexpr int BYTES = slot_set_bytes(TABLE);  // without the queues, which follow
+    // A queued entry is its slot with its token in the top TOKEN_BITS bits: the slots a step reads are
+    // below 2^SLOT_BITS (kgen/sparse.py refuses a larger cache).
+    static constexpr int TOKEN_BITS = TOKENS <= 1 ? 0 : TOKENS <= 2 ? 1 : TOKENS <= 4 ? 2 : TOKENS <= 8 ? 3 : TOKENS <= 16 ? 4 : 5;
+    static constexpr int SLOT_BITS = 32 - TOKEN_BITS;
     static_assert((TABLE & (TABLE - 1)) == 0 && TABLE >= MIN_SIZE, "TABLE is a power of two >= MIN_SIZE");
+    static_assert(LOADS >= 16 && LOADS <= 32, "a thread's passing entries are bits of a word; enough loads in flight");
     int* keys;
     unsigned* masks;
     int* count;  // [0] inserted, [1] overflow
     int* scan;
-    unsigned short* queue;
+    unsigned* queue;
     int size, bits;
 
-    __device__ __forceinline__ static SlotSet at(char* smem, char* queues, int size) {
+    __device__ __forceinline__ static SlotSet at(char* smem, int size) {
         int* keys = reinterpret_cast<int*>(smem);
         unsigned* masks = reinterpret_cast<unsigned*>(keys + TABLE);
         int* count = reinterpret_cast<int*>(masks + TABLE);
-        return {keys, masks, count, count + 2, reinterpret_cast<unsigned short*>(queues), size, __ffs(size) - 1};
+        return {keys, masks, count, count + 2, reinterpret_cast<unsigned*>(smem + BYTES), size, __ffs(size) - 1};
+    }
+
+    __device__ __forceinline__ static int queue_entry(int slot, int token) {
+        return static_cast<int>(static_cast<unsigned>(slot) | (TOKEN_BITS == 0 ? 0u : static_cast<unsigned>(token) << SLOT_BITS));
+    }
+    __device__ __forceinline__ static int entry_slot(unsigned entry) {
+        return static_cast<int>(SLOT_BITS == 32 ? entry : entry & ((1u << (SLOT_BITS & 31)) - 1));
+    }
+    __device__ __forceinline__ static int entry_token(unsigned entry) {
+        return TOKEN_BITS == 0 ? 0 : static_cast<int>(entry >> (SLOT_BITS & 31));
     }
 
     // Each warp clears (and compact() reads) its run of whole 32-entry chunks, a lane the same entries
@@ -223,7 +243,7 @@ struct SlotSet {
 
 // The token of list entry e of a row tile's lists (token t's entries are [t * width, (t + 1) * width)):
 // by TOKENS - 1 compares where a tile has few tokens, as GLM-5's 4 a tile: a division by the runtime
-// width was ~25 instructions on the insert loop's dependent chain (bench/NOTES.md v92).
+// width was ~25 instructions an entry (bench/NOTES.md v92).
 template <int TOKENS>
 __device__ __forceinline__ int token_of(int e, int width) {
     if constexpr (TOKENS <= 8) {
@@ -268,24 +288,23 @@ struct SlotRange {
 // Union round: the tile's tokens' entries (tokens x width ints at `lists`) whose slot passes
 // `filter`, into the set, then compacted into `list`. Returns the list's length, or -1 if the set
 // overflowed (nothing of it may be used). The scan stays converged: each warp queues its passing
-// entries of a step of LOADS loads (into its own queue: a u16, u x 32 + lane, per entry, so LOADS x
-// 32 entries fit) and then inserts them, a lane taking the next queued entry
-// whenever its own is placed (bench/NOTES.md v83). Inserting
+// entries of a step of LOADS loads (into its own queue: the entry's slot and token, so LOADS x 32
+// entries fit, and inserting one reads no global memory: bench/NOTES.md v100) and then inserts them,
+// a lane taking the next queued entry whenever its own is placed (bench/NOTES.md v83). Inserting
 // inside the scan let the lanes of a warp drift apart in their probe loops, and the warp then ran
 // the scan ~4x over with ~7 lanes each (ncu, bench/NOTES.md v19). Not inlined, as
 // write_sparse_item: it runs once per round, and inlined its temporaries spilled the sm_120 kernel
 // at its register cap.
-template <int TABLE, int TOKENS>
-__device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const int* lists, int tokens, int width,
-                                        const SlotFilter filter, const KeyList list, const SparseArgs a) {
-    constexpr int LOADS = SlotSet<TABLE, TOKENS>::LOADS;  // entries a thread has in flight: the scan is a few L2 latencies
+template <class Set>
+__device__ __noinline__ int build_union(const Set set, const int* lists, int tokens, int width, const SlotFilter filter,
+                                        const KeyList list, const SparseArgs a) {
+    constexpr int LOADS = Set::LOADS;  // entries a thread has in flight: the scan is a few L2 latencies
     set.clear();
     __syncthreads();
     const int lane = threadIdx.x % 32;
     SlotRange range(a.num_slots);
-    const unsigned queue = smem_addr(set.queue + (threadIdx.x / 32) * SlotSet<TABLE, TOKENS>::QUEUE_PER_WARP);
+    const unsigned queue = smem_addr(set.queue + (threadIdx.x / 32) * Set::QUEUE_PER_WARP);
     const int entries = tokens * width, step = LOADS * blockDim.x;
-    const bool dense = filter.splits * filter.mod <= 2;  // at least half the entries pass the filter
     // The next step's entries are loaded before this step's inserts, so their L2 latency overlaps them.
     auto load = [&](int (&slot)[LOADS], int e0) {
 #pragma unroll
@@ -304,22 +323,22 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
         // Bit u: this lane's entry u passes (an entry past the lists was loaded as -1, which names no
         // slot). Then the lane's passing entries go to the warp's queue after those of the lanes before
         // it: one warp-wide sum a step, not a ballot and a count an entry (bench/NOTES.md v94, v94b).
+        // Each entry becomes its queue entry (its slot and token) once tested.
         unsigned passed = 0;
 #pragma unroll
-        for (int u = 0; u < LOADS; ++u)
+        for (int u = 0; u < LOADS; ++u) {
             passed |= static_cast<unsigned>(range.names(slot[u]) && filter(slot_hash(static_cast<unsigned>(slot[u])))) << u;
+            slot[u] = Set::queue_entry(slot[u], token_of<Set::TOKENS>(e0 + u * blockDim.x, width));
+        }
         const int mine = __popc(passed);
         int at = warp_inclusive_sum(mine);
         const int queued = __shfl_sync(0xffffffffu, at, 31);
         at -= mine;
-        if (dense) {  // most entries pass (a row tile of one or two splits): every entry's store, predicated
+        // Every entry's store, predicated (a loop over the set bits would index slot[] at run time,
+        // which puts the array in local memory).
 #pragma unroll
-            for (int u = 0; u < LOADS; ++u)
-                if ((passed >> u) & 1u) sts_u16(queue + 2 * at++, static_cast<unsigned short>(u * 32 + lane));
-        } else {  // a few pass: a lane's set bits
-            for (; passed != 0; passed &= passed - 1, ++at)
-                sts_u16(queue + 2 * at, static_cast<unsigned short>((__ffs(passed) - 1) * 32 + lane));
-        }
+        for (int u = 0; u < LOADS; ++u)
+            if ((passed >> u) & 1u) sts_u32(queue + 4 * at++, slot[u]);
         __syncwarp();
         // The queued entries, one a lane; while entries are left to hand out, a lane whose entry is
         // placed takes the next one, so the warp steps through its entries' probes, not through each
@@ -330,10 +349,9 @@ __device__ __noinline__ int build_union(const SlotSet<TABLE, TOKENS> set, const 
         int token = 0;
         // Queue entry i to this lane; false (dropped) once the round has overflowed.
         auto take = [&](int i) {
-            const int q = lds_u16(queue + 2 * i);
-            const int e = e0 - lane + (q / 32) * blockDim.x + q % 32;
-            key = __ldg(lists + e);  // this warp's own load of it, still in L1
-            token = token_of<TOKENS>(e, width);
+            const unsigned entry = lds_u32(queue + 4 * i);
+            key = Set::entry_slot(entry);
+            token = Set::entry_token(entry);
             p = set.home(mix32(static_cast<unsigned>(key)));
             probes = 0;
             return !set.overflowed();
@@ -483,6 +501,15 @@ __device__ __forceinline__ void attend_item(char* smem, const bf16* q, float kv_
     else attend_from(item_q_rows<C>(q, r));
 }
 
+// Entries a union thread scans at a time (SlotSet::LOADS): 32, or what the room for the warps'
+// queues (4 B an entry) between a set of TABLE entries and the barriers allows (kgen/sparse_plan.py
+// leaves room for 16).
+template <int TABLE, class C>
+constexpr int queue_loads() {
+    constexpr int room = (C::BAR_OFF - slot_set_bytes(TABLE)) / (C::THREADS * 4);
+    return room < 32 ? room : 32;
+}
+
 // sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
 // slots, then, in the last split, the request's tree tokens under the tree mask; one online
 // softmax into the partial state of slot blockIdx.x. LIST_KEYS: keys of a CTA's list scratch.
@@ -492,10 +519,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
                                                  const SparseArgs& a, const int* schedule_table, PartO* part_o,
                                                  float* part_lse, float scale_log2) {
     static_assert(C::BM <= 32, "a row tile's tokens fit one 32-bit membership mask");
-    using Set = SlotSet<TABLE, TILE_TOKENS<C::HEADS, C::BM>>;
+    using Set = SlotSet<TABLE, TILE_TOKENS<C::HEADS, C::BM>, queue_loads<TABLE, C>()>;
     static_assert(Set::BYTES <= C::RING_BYTES, "the hash set fits the KV ring");
-    static_assert(C::S_OFF + C::THREADS / 32 * Set::QUEUE_PER_WARP * (int)sizeof(unsigned short) <= C::BAR_OFF,
-                  "the insertion queues fit between the ring and the barriers");
     // Launched to overlap the kernel before (Variant.waits_for_prior): everything it reads or writes,
     // the schedule table included (a step's first call writes it in the launch before), may be that
     // kernel's, so the CTA waits for it before anything else.
@@ -531,7 +556,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             if (tokens == 1) {
                 int e0, e1;
                 split_entries(item, width, e0, e1);
-                return build_entry_list(Set::at(smem, nullptr, Set::MIN_SIZE).scan, list, lists, width, e0, e1, a);
+                return build_entry_list(Set::at(smem, Set::MIN_SIZE).scan, list, lists, width, e0, e1, a);
             }
             // An overflowing round is redone with a larger set, up to TABLE; then the rounds walk the
             // sub-partitions depth first: (mod, rem) splits into (2 mod, rem) and (2 mod, rem + mod).
@@ -540,7 +565,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             unsigned mod = 1, rem = 0;
             while (true) {
                 const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
-                const int m = build_union(Set::at(smem, smem + C::S_OFF, size), lists, tokens, width, filter,
+                const int m = build_union(Set::at(smem, size), lists, tokens, width, filter,
                                           KeyList{list.slots + count, list.masks + count}, a);
                 if (m < 0) {
                     if (size < TABLE) size *= 2;

@@ -17,7 +17,7 @@ from kgen.errors import SpecError
 from kgen.occupancy import ctas_by_smem
 from kgen.plan import plan
 from kgen.render import render
-from kgen.sparse import UNION_MAX_SPLITS, check_distinct, prefers_union
+from kgen.sparse import UNION_MAX_SPLITS, SparseKernels, check_distinct, prefers_union
 from kgen.sparse_plan import MAX_TABLE, list_capacity
 from kgen.sparse_testing import indexer_lists, make_sparse_inputs, prefix_slots
 from kgen.spec import parse_spec
@@ -56,9 +56,9 @@ def test_index_topk_makes_a_sparse_spec_and_is_checked():
             parse_spec(spec_data(index_topk=bad), "bad.yaml")
 
 
-# The hash set's entries: the largest power of two whose set (8 B an entry + 136 B; the warps'
-# insertion queues are in the partial-score region) fits the KV ring. sm_120's ring of the DSA pool's rows is 3 stages x 32
-# rows x 656 B = 62976 B: 4096 entries.
+# The hash set's entries: the largest power of two whose set (8 B an entry + 136 B) fits the KV ring
+# and leaves the warps' insertion queues (4 B an entry, at least 16 x 32 a warp) room before the
+# barriers. sm_120's ring of the DSA pool's rows is 3 stages x 32 rows x 656 B = 62976 B: 4096 entries.
 TABLES = {("glm5_dsa_sm120", "sm_120"): 4096, ("glm5_dsa_sm120", "sm_90"): MAX_TABLE,
           ("glm5_dsa_bf16_sm120", "sm_120"): MAX_TABLE, ("glm5_dsa_bf16_sm120", "sm_90"): MAX_TABLE}
 # The sparse tiles (BM, WARPS_M, CTAs an SM): sm_90 runs 16-row tiles two CTAs an SM (the SM's 228 KB
@@ -79,6 +79,8 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
         assert ctas_by_smem(p.arch, v.smem_bytes) >= ctas  # the driver's reservation and 128-B units included
         table = v.constants["TABLE"]
         assert table == TABLES[name, arch] and table * 8 + 136 <= v.smem_bytes  # the hash set fits inside the ring
+        bar_off = int(v.constants["CONFIG"].split("BAR_OFF = ")[1].split(";")[0])
+        assert table * 8 + 136 + v.threads * 4 * 16 <= bar_off  # and its queues before the barriers
         # Q's tile apart from the ring (its copies overlap the key list's build) where shared memory allows
         apart = "static constexpr int Q_OFF = 0;" not in v.constants["CONFIG"]
         assert apart == (arch == "sm_90"), v.constants["CONFIG"]
@@ -437,6 +439,28 @@ def test_a_step_whose_key_lists_outgrow_32_bit_indices_is_refused(seed):
     with pytest.raises(ValueError, match="exceed the 2\\^32 entries"):
         mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
     assert mod.launches == []
+
+
+def test_the_union_refuses_a_cache_whose_slots_its_insertion_queue_cannot_hold(seed):
+    """The union queues an entry as its slot with its token in the top bits: the sm_120 plan's 32-row
+    tiles hold 4 tokens (2 bits), so its caches stop at 2^30 rows; the 2-token tiles of the sm_90 plan
+    at int32's 2^31. A larger cache is refused before any launch; the gather reads it."""
+    from test_step import RecordingKernel, stub_module
+
+    mod = stub_module("glm5_dsa_bf16_sm120")
+    assert mod._sparse.union_slots == 1 << 30
+    sm90 = {v.name: RecordingKernel(v, []) for v in plan(mod.spec, "sm_90").variants}
+    assert SparseKernels(mod.spec, sm90, 132).union_slots == 1 << 31
+    x = make_sparse_inputs(mod.spec, [4], [300], 64, generator=gen(seed))
+    q, cache, k_tree, qo, topk, mask = x.args()
+    mod._sparse.union_slots = cache.shape[0] - 1  # as if the cache had one row more than 2^30
+    union, gather = (mod.prepare_sparse(qo, topk, mask, union=u) for u in (True, False))
+    mod.launches.clear()
+    with pytest.raises(ValueError, match=f"kv_cache: {cache.shape[0]} rows exceed the {cache.shape[0] - 1} the union"):
+        union.verify(q, cache, k_tree)
+    assert mod.launches == []
+    gather.verify(q, cache, k_tree)
+    assert [name for name, *_ in mod.launches][-2:] == ["sparse_gather_attn", "sparse_combine"]
 
 
 def test_sparse_arguments_are_checked_before_any_launch(seed):
