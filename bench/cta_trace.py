@@ -33,8 +33,8 @@ HEADER = "kgen/attention_kernels.cuh"
 # item found, 2 attend() done, 3 no item (exit), 4 Q in registers, 5 first key range done, 6 second
 # (the tree) done, 7 the dense schedule's chunk chosen or the sparse key list built; in the mma.sync
 # loop 8 its barriers set up (Q's wait next); in the sparse kernels 9 the schedule's sums done, and
-# per union round (the last round's stay) 15 its start, 10 the set cleared, 11 the entries scanned,
-# 12 the list written, and 14 Q's copies issued (the sparse kernels). 4-6 and 8 in the mma.sync loop (attention.cuh), where thread 0 is a compute thread, and in
+# per union round (the last round's stay) 15 its start, 10 the set cleared, 13 thread 0's last step of
+# entries loaded, tested and queued (its inserts next), 11 the entries scanned, 12 the list written, and 14 Q's copies issued (the sparse kernels). 4-6 and 8 in the mma.sync loop (attention.cuh), where thread 0 is a compute thread, and in
 # the seesaw loop, where 4-6 are consumer 0's (thread 128: thread 0 is a producer's), 8 the ring set up
 # and 13 consumer 0's partial state written. Point 2 follows a barrier: the CTA's last thread is done.
 PATCHES = {
@@ -60,6 +60,9 @@ PATCHES = {
          "        KGEN_TRACE(7);\n        fence_proxy_async();\n        __syncthreads();\n"),
         ("    if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);\n",
          "    if constexpr (C::Q_APART) copy_item_q<C>(smem, q, a, item);\n    KGEN_TRACE(14);\n"),
+        ("            if ((passed >> u) & 1u) sts_u32(queue + 4 * at++, slot[u]);\n        __syncwarp();\n",
+         "            if ((passed >> u) & 1u) sts_u32(queue + 4 * at++, slot[u]);\n        __syncwarp();\n"
+         "        KGEN_TRACE(13);\n"),
         ("    set.clear();\n    __syncthreads();\n",
          "    KGEN_TRACE(15);\n    set.clear();\n    __syncthreads();\n    KGEN_TRACE(10);\n"),
         ("        __syncwarp();  // the queue is read before the next step writes it\n    }\n    __syncthreads();\n",
@@ -192,7 +195,8 @@ PHASES = (("schedule: lengths, sums, chunk", 0, 7), ("schedule: scan to the item
           ("seesaw consumer 0: its partial state (ss_end)", 6, 13))
 SPARSE_PHASES = (("schedule: sums, chunk", 0, 9), ("schedule: scan to the item", 9, 1),
                  ("Q's copies issued", 1, 14), ("key list: to build_union", 14, 15),
-                 ("key list: set cleared", 15, 10), ("key list: entries scanned", 10, 11),
+                 ("key list: set cleared", 15, 10), ("key list: scan to the last step's queue (thread 0)", 10, 13),
+                 ("key list: that step's inserts (thread 0)", 13, 11), ("key list: entries scanned", 10, 11),
                  ("key list: list written", 11, 12), ("key list: to its end", 12, 7), ("key list (all)", 1, 7),
                  ("ring set up", 7, 8), ("Q to registers", 8, 4), ("listed keys", 4, 5), ("tree", 5, 6),
                  ("partial state", 6, 2))
