@@ -30,6 +30,7 @@ makespan + combine_us + the partial states read once. A work item's startup is w
 outside its tile loop, the same terms for every design, its bytes from its plan:
 
     startup = startup_us + (its Q rows + its partial state's BM rows) bytes / item_gbps
+              (+ its design's decode_us in a decode call: prefix_attention's own fixed cost)
 
 overlap, barrier_cycles, dram_efficiency, startup_us, item_gbps and combine_us are fitted to H200
 measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they describe the loop design and the
@@ -81,6 +82,7 @@ class Calibration:
     combine_us: float  # the combine kernel's launch and its own startup
     state_us: float  # per round of loads in a combine CTA's chain (4 states a group of its threads)
     quantize_us: float  # an fp8 verify call's quantization of bf16 tree keys (torch kernels; not for stored keys)
+    decode_us: float = 0.0  # per work item of a decode call (prefix_attention alone): its path's own fixed cost
 
 
 CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")  # written by python -m bench.model_table
@@ -98,8 +100,10 @@ def calibration(design: str = "mma_sync") -> Calibration:
 # copies reach are the design's own (fitted on its measurements); a work item's startup, the copy
 # latency and the combine's terms are shared by all designs: a design's startup differs by the
 # bytes its tiling moves (Call.startup_us), not by a constant of its own, which its long calls
-# could not pin (fitted per design, the short calls left out of the fit were 24-27% off).
-DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency")
+# could not pin (fitted per design, the short calls left out of the fit were 24-27% off). Only a
+# decode call's fixed cost (decode_us) is a design's own: the overlap loop's short decodes take
+# ~6 us more than its verify calls of the same tiles (bench/NOTES.md, the forty-sixth session).
+DESIGN_TERMS = ("overlap", "barrier_cycles", "dram_efficiency", "decode_us")
 
 
 ROW_TILE_16_TERMS = "mma_sync16"  # terms_of's name for the 16-row mma.sync tiles' terms
@@ -253,7 +257,7 @@ class Call:
     def startup_us(self, cal: Calibration) -> float:
         """What a work item pays before its tiles: the shared per-item cost, and its own bytes at the
         per-CTA rate (a 16-row decode CTA starts sooner than a verify CTA of 64 rows)."""
-        return cal.startup_us + self.item_bytes / (cal.item_gbps * 1e3)
+        return cal.startup_us + self.item_bytes / (cal.item_gbps * 1e3) + (cal.decode_us if self.shape.decode else 0.0)
 
     def predict(self, cal: Calibration | None = None) -> Prediction:
         cal = cal or calibration(terms_of(self.plan.tiles))

@@ -193,7 +193,8 @@ def test_simulation_waves_and_dram_sharing():
 def test_a_work_items_startup_is_the_shared_term_and_its_own_bytes():
     """No design has a startup constant of its own: a work item pays startup_us and its Q rows in and
     its partial state's BM rows out at item_gbps, so decode's 8 rows a CTA start sooner than a
-    verify's full row tiles, and 16-row tiles sooner than the seesaw's 64."""
+    verify's full row tiles, and 16-row tiles sooner than the seesaw's 64. Only a decode call's items
+    (prefix_attention alone) add their design's decode_us."""
     from dataclasses import replace
 
     from kgen.model import call
@@ -208,6 +209,9 @@ def test_a_work_items_startup_is_the_shared_term_and_its_own_bytes():
     assert verify16.item_bytes == 16 * 576 * 2 + 16 * state and verify64.item_bytes == 64 * (576 * 2 + state)
     assert decode16.startup_us(CAL) == pytest.approx(CAL.startup_us + decode16.item_bytes / 20e3)
     assert decode16.startup_us(CAL) < verify16.startup_us(CAL) < verify64.startup_us(CAL)
+    decode_path = replace(CAL, decode_us=3.0)
+    assert decode16.startup_us(decode_path) == pytest.approx(decode16.startup_us(CAL) + 3.0)
+    assert verify16.startup_us(decode_path) == verify16.startup_us(CAL)
     # a one-wave call's time moves by exactly its startup: the items start together
     slower = replace(CAL, item_gbps=10.0)
     assert decode16.predict(slower).us - decode16.predict(CAL).us == pytest.approx(decode16.item_bytes / 20e3)
