@@ -1,9 +1,12 @@
 """Theoretical occupancy: how many CTAs of a kernel fit on one SM of an arch, and what limits it.
 
-The same arithmetic as CUDA's occupancy calculator: registers are allocated per warp in units of
-256 (a thread's count rounded up to 8); shared memory per CTA is dynamic + static + the driver's
+The same arithmetic as CUDA's occupancy calculator (cuda_occupancy.h): registers are allocated per
+warp in units of 256 (a thread's count rounded up to 8) within one of the SM's 4 sub-partitions
+(a quarter of the register file each, whole warps), and a launch is checked as if a CTA's warps
+were rounded up to a multiple of 4; shared memory per CTA is dynamic + static + the driver's
 per-block reservation, in 128-byte units, against the SM's shared memory; warps and CTAs per SM
-are capped by the arch.
+are capped by the arch. (So two CTAs of 5 warps keep at most 168 registers a thread, not 200: what
+ptxas caps __launch_bounds__(160, 2) at.)
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 from .arch import Arch, get_arch
 
 REG_UNIT_PER_THREAD = 8  # 8 registers per thread = 256 per warp
+SUB_PARTITIONS = 4  # an SM's register file is split among its 4 schedulers' sub-partitions
 SMEM_UNIT = 128
 MAX_THREADS_PER_BLOCK = 1024
 
@@ -51,8 +55,10 @@ def occupancy(arch: Arch | str, threads: int, registers: int, smem_bytes: int) -
     arch = get_arch(arch) if isinstance(arch, str) else arch
     warps = -(-threads // 32)
     regs_per_warp = _round_up(max(registers, 1), REG_UNIT_PER_THREAD) * 32
+    fits_launch = registers <= arch.max_regs_per_thread and regs_per_warp * _round_up(warps, SUB_PARTITIONS) <= arch.regs_per_sm
+    warps_by_regs = (arch.regs_per_sm // SUB_PARTITIONS // regs_per_warp) * SUB_PARTITIONS
     by = {
-        "registers": (arch.regs_per_sm // regs_per_warp) // warps if registers <= arch.max_regs_per_thread else 0,
+        "registers": warps_by_regs // warps if fits_launch else 0,
         "smem": ctas_by_smem(arch, smem_bytes),
         "warps": arch.max_warps_per_sm // warps if threads <= MAX_THREADS_PER_BLOCK else 0,
         "blocks": arch.max_blocks_per_sm,

@@ -395,6 +395,12 @@ def test_model_table_fits_and_writes_the_validation(tmp_path, monkeypatch):
     ("sm_90", 256, 187, 96000, 1, "registers"),  # 228 KB of smem would fit 2
     ("sm_120", 1024, 255, 0, 0, "registers"),  # 256 x 32 x 32 warps > 64K: cannot launch
     ("sm_120", 128, 32, 100 * 1024, 0, "smem"),  # over the 99 KB per block
+    # registers are a sub-partition's (16K, whole warps): 5-warp CTAs two an SM need <= 170 a thread, and
+    # a 9-warp CTA is checked as 12 warps (what ptxas caps __launch_bounds__(160, 2) and (288, 1) at: 168)
+    ("sm_90", 160, 168, 0, 2, "registers"),  # 3 warps a sub-partition: 12 an SM
+    ("sm_90", 160, 200, 0, 1, "registers"),  # 2 a sub-partition: 8 an SM, though 10 x 6400 <= 64K
+    ("sm_120", 288, 168, 0, 1, "registers"),
+    ("sm_120", 288, 176, 0, 0, "registers"),  # 12 x 5632 > 64K: cannot launch
 ])
 def test_occupancy_names_the_limiting_resource(arch, threads, regs, smem, ctas, limit):
     occ = occupancy(arch, threads, regs, smem)
