@@ -36,8 +36,9 @@ HEADER = "kgen/attention_kernels.cuh"
 # per union round (the last round's stay) 15 its start, 10 the set cleared, 13 thread 0's last step of
 # entries loaded, tested and queued (its inserts next), 11 the entries scanned, 12 the list written,
 # and 14 Q's copies issued (the sparse kernels). 4-6 and 8 in the mma.sync loop (attention.cuh), where
-# thread 0 is a compute thread, and in the seesaw loop, where 4-6 are consumer 0's (thread 128: thread 0 is a producer's), 8 the ring set up
-# and 13 consumer 0's partial state written. Point 2 follows a barrier: the CTA's last thread is done.
+# thread 0 is a compute thread, and in the seesaw loop, where 4-6 are consumer 0's (thread 128: thread 0
+# is a producer's), 8 the ring set up and 13 consumer 0's partial state written. Point 2 follows a
+# barrier: the CTA's last thread is done.
 PATCHES = {
     HEADER: (
         ("    const WorkItem item = find_work_item<C::HEADS, C::BM, C::BN, C::CLUSTER>(schedule, schedule_scratch<C>(smem));\n"

@@ -55,7 +55,10 @@ def occupancy(arch: Arch | str, threads: int, registers: int, smem_bytes: int) -
     arch = get_arch(arch) if isinstance(arch, str) else arch
     warps = -(-threads // 32)
     regs_per_warp = _round_up(max(registers, 1), REG_UNIT_PER_THREAD) * 32
-    fits_launch = registers <= arch.max_regs_per_thread and regs_per_warp * _round_up(warps, SUB_PARTITIONS) <= arch.regs_per_sm
+    # the launch check counts a CTA's warps in whole sub-partition rounds; then each sub-partition holds
+    # the warps its quarter of the register file fits
+    fits_launch = (registers <= arch.max_regs_per_thread
+                   and regs_per_warp * _round_up(warps, SUB_PARTITIONS) <= arch.regs_per_sm)
     warps_by_regs = (arch.regs_per_sm // SUB_PARTITIONS // regs_per_warp) * SUB_PARTITIONS
     by = {
         "registers": warps_by_regs // warps if fits_launch else 0,
