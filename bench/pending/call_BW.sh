@@ -12,7 +12,7 @@ metrics+=,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__inst_executed.sum
 for kernel in union gather; do
     flag= name=sparse_verify && [ $kernel = gather ] && flag=--gather name=sparse_gather
-    step "ncu_$kernel" 200 ncu --clock-control none -k regex:$name --launch-skip 2 -c 1 \
+    step "ncu_$kernel" 120 ncu --clock-control none -k regex:$name --launch-skip 2 -c 1 \
         --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy \
         --metrics "$metrics" python3 -m bench.profile_one --spec specs/glm5_dsa_sm120.yaml --shape 32,16,32768 \
         --calls 3 $flag
