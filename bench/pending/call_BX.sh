@@ -19,5 +19,5 @@ for round in 1 2; do
 done
 for f in "$OUT"/bx_*.log; do echo "== $f"; tail -n 20 "$f"; done > "$OUT/tables_bx.log"
 rm -f "$OUT"/bx_*_r*.log
-(cd /tmp/ldg && KC=$root/.ab/kc_ldg step ldg_suite 150 python3 -m pytest -q -x tests/test_sparse_gpu.py)
+(cd /tmp/ldg && KC=$root/.ab/kc_ldg step ldg_suite 120 python3 -m pytest -q -x tests/test_sparse_gpu.py)
 cat "$OUT/summary.log"
