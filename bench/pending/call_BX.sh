@@ -12,12 +12,13 @@ for round in 1 2; do
     KC=$root/.kcache step "bx_main_r$round" 120 python3 -m bench.sparse --spec specs/glm5_dsa_sm120.yaml \
         "${shapes[@]}" --out /tmp/bx_main$round
     for t in ldg onecopy; do
-        check= && [ $t$round = ldg1 ] && check=--check
-        (cd /tmp/$t && KC=$root/.ab/kc_$t step "bx_${t}_r$round" 150 python3 -m bench.sparse $check \
+        (cd /tmp/$t && KC=$root/.ab/kc_$t step "bx_${t}_r$round" 120 python3 -m bench.sparse \
             --spec specs/glm5_dsa_sm120.yaml "${shapes[@]}" --out /tmp/bx_$t$round)
     done
 done
 for f in "$OUT"/bx_*.log; do echo "== $f"; tail -n 20 "$f"; done > "$OUT/tables_bx.log"
 rm -f "$OUT"/bx_*_r*.log
+(cd /tmp/ldg && KC=$root/.ab/kc_ldg step ldg_check 90 python3 -m bench.sparse --check --shape 4,8192,16,0.7 \
+    --shape 1,131072,16,0.7 --out /tmp/bx_ldg_check)
 (cd /tmp/ldg && KC=$root/.ab/kc_ldg step ldg_suite 120 python3 -m pytest -q -x tests/test_sparse_gpu.py)
 cat "$OUT/summary.log"
