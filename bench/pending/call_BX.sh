@@ -8,7 +8,7 @@ source bench/pending/steps.sh
 root=$PWD
 for t in onecopy ldg; do rm -rf /tmp/$t && mkdir -p /tmp/$t && tar xzf .ab/$t.tgz -C /tmp/$t; done
 shapes=(--shape 32,32768,16,0.7 --shape 8,131072,16,0.7 --shape 1,131072,16,0.7)
-for round in 1 2; do
+for round in $(seq "${BX_ROUNDS:-2}"); do
     KC=$root/.kcache step "bx_main_r$round" 120 python3 -m bench.sparse --spec specs/glm5_dsa_sm120.yaml \
         "${shapes[@]}" --out /tmp/bx_main$round
     for t in ldg onecopy; do
