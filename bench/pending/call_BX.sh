@@ -2,7 +2,8 @@
 # main's sparse kernels against the probe tree .ab/onecopy.tgz (branch probe-onecopy: each key tile
 # staged by one bulk copy, wrong results) and .ab/ldg.tgz (branch v103-ldgsts), alternating, union
 # and gather, sm_90 plan; then v103's sparse GPU suite. Carry .whl_kgen, .kcache (main's) and .ab
-# (the trees and their caches kc_onecopy, kc_ldg; all three trimmed to the product spec's kernels).
+# (the trees and their caches kc_onecopy, kc_ldg; all three trimmed to the product spec's kernels):
+# bench/pending/prep_BX.sh builds them here from the patches beside this file.
 set -u
 source bench/pending/steps.sh
 root=$PWD
