@@ -15,24 +15,29 @@ counted from the SASS of the kernel's tile loop (kgen.sass.tile_loop) and the pl
 time of a tile is its largest pipe plus the part of the others the loop does not overlap with it,
 plus a cost per barrier, at least its issue cycles:
 
-    compute = max(pipes) + (1 - overlap) * (sum(pipes) - max(pipes)) + barriers * barrier_cycles
+    compute = max(max(pipes) + (1 - overlap) * (sum(pipes) - max(pipes)) + barriers * barrier_cycles,
+                  issue / issue_efficiency)
 
-A tile also brings its KV rows from DRAM; the row tiles of a request run side by side and share
-them. All running CTAs share dram_efficiency x the arch's copy bandwidth, and a stage of the ring
-is refilled only once its tile is consumed, so a tile takes
+(a sub-partition's few warps issue in only part of its cycles: their dependent instructions wait out
+fixed latencies). A tile also brings its KV rows from DRAM; the row tiles of a request run side by
+side and share them. All running CTAs share dram_efficiency x the arch's copy bandwidth (x
+tensor_copy_gain where pages hold whole tiles: one tensor copy a tile, not a bulk copy a row), and
+a stage of the ring is refilled only once the consumers release it, together with the other stages
+of the group of tiles they take at once (GROUP: the seesaw's pair 2, else 1), so a tile takes
 
-    tile = max(compute, (latency_us + compute) / STAGES,
+    tile = max(compute, (latency_us + GROUP * compute) / (GROUP * (STAGES // GROUP)),
                KV bytes the running CTAs read per tile / (dram_efficiency * bandwidth))
 
 Work items run on sm_count x CTAs-per-SM slots in index order (waves); each first pays its
 startup, then its tiles. A fluid simulation advances all running CTAs together. Call time = that
-makespan + combine_us + the partial states read once. A work item's startup is what it does
+makespan + combine_us + the real rows' partial states read once. A work item's startup is what it does
 outside its tile loop, the same terms for every design, its bytes from its plan:
 
     startup = startup_us + (its Q rows + its partial state's BM rows) bytes / item_gbps
               (+ its design's decode_us in a decode call: prefix_attention's own fixed cost)
 
-overlap, barrier_cycles, dram_efficiency, startup_us, item_gbps and combine_us are fitted to H200
+overlap, barrier_cycles, dram_efficiency, latency_us, issue_efficiency, tensor_copy_gain, startup_us,
+item_gbps and combine_us are fitted to H200
 measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they describe the loop design and the
 memory system's efficiency, the rates describe the arch.
 
@@ -83,6 +88,8 @@ class Calibration:
     state_us: float  # per round of loads in a combine CTA's chain (4 states a group of its threads)
     quantize_us: float  # an fp8 verify call's quantization of bf16 tree keys (torch kernels; not for stored keys)
     decode_us: float = 0.0  # per work item of a decode call (prefix_attention alone): its path's own fixed cost
+    issue_efficiency: float = 1.0  # of a sub-partition's cycles it issues in when issue binds (dependent chains)
+    tensor_copy_gain: float = 1.0  # DRAM efficiency of tiles staged by one tensor copy over row-by-row copies
 
 
 CALIBRATION_FILE = Path(__file__).with_name("model_calibration.json")  # written by python -m bench.model_table
@@ -171,9 +178,20 @@ def compute_cycles(work: TileWork, arch: Arch, cal: Calibration) -> tuple[float,
     pipes = [c[p] for p in PIPES]
     top = max(pipes)
     cycles = top + (1 - cal.overlap) * (sum(pipes) - top) + work.barriers * cal.barrier_cycles
-    if c["issue"] > cycles:
-        return c["issue"], "issue"
+    # a sub-partition's few warps wait out their instructions' fixed latencies (ldmatrix -> unpack ->
+    # convert -> scale -> MMA): it issues in a fraction of its cycles, not every one
+    issue = c["issue"] / cal.issue_efficiency
+    if issue > cycles:
+        return issue, "issue"
     return cycles, max(PIPES, key=c.get)
+
+
+def ring_bound_us(tiles: Tiles, latency_us: float, compute_us: float) -> float:
+    """The least time a tile takes for its ring: a stage is refilled once the consumers release it, with
+    the group of tiles they take together (designs' stage_group), so the ring holds stages // group
+    whole groups in flight and each group waits for its copies' latency beyond their lead."""
+    group = designs.of(tiles).stage_group
+    return (latency_us + group * compute_us) / (group * (tiles.stages // group))
 
 
 @dataclass(frozen=True)
@@ -259,15 +277,21 @@ class Call:
         per-CTA rate (a 16-row decode CTA starts sooner than a verify CTA of 64 rows)."""
         return cal.startup_us + self.item_bytes / (cal.item_gbps * 1e3) + (cal.decode_us if self.shape.decode else 0.0)
 
+    def dram_efficiency(self, cal: Calibration) -> float:
+        """Of the copy bandwidth, what the call's KV copies reach: where pages hold whole tiles a tile is
+        one tensor copy (Design.tile_box), not a bulk copy a row (bench/NOTES.md v40: -7.5% at decode)."""
+        whole_tiles = designs.of(self.plan.tiles).tile_box(self.spec, self.plan.tiles) is not None
+        return min(1.0, cal.dram_efficiency * (cal.tensor_copy_gain if whole_tiles else 1.0))
+
     def predict(self, cal: Calibration | None = None) -> Prediction:
         cal = cal or calibration(terms_of(self.plan.tiles))
         arch, spec, shape = self.arch, self.spec, self.shape
         cycles, pipe = compute_cycles(self.work, arch, cal)
         compute_us = cycles / (arch.clock_ghz * 1e3)
-        ring_us = (cal.latency_us + compute_us) / self.plan.tiles.stages
+        ring_us = ring_bound_us(self.plan.tiles, cal.latency_us, compute_us)
         if ring_us > compute_us:
             compute_us, pipe = ring_us, "latency"
-        bandwidth = cal.dram_efficiency * arch.dram_gbps * 1e3  # bytes per us
+        bandwidth = self.dram_efficiency(cal) * arch.dram_gbps * 1e3  # bytes per us
         startup = self.startup_us(cal)
         makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, startup)
         # the combine: one CTA per output row reads the row's states, a latency chain of
@@ -276,9 +300,11 @@ class Call:
         # bench's rotated calls, share one workspace: bench/NOTES.md v30) rewrites and rereads lines
         # the previous call left there
         rows = shape.B * shape.T * shape.H
-        partials = len(self.items) * self.plan.tiles.bm * (spec.model.value_dim * self.part_o_bytes + 4)
+        state_bytes = spec.model.value_dim * self.part_o_bytes + 4
+        partials = len(self.items) * self.plan.tiles.bm * state_bytes  # written: every one of an item's BM rows
         kv_bytes = sum(it.tiles * it.dram_bytes for it in self.items)
-        from_dram = 0 if partials + kv_bytes <= arch.l2_mb * 1e6 / 2 else partials
+        # read back: the real rows' states only (a decode item's 32-row tile holds 8 real rows)
+        from_dram = 0 if partials + kv_bytes <= arch.l2_mb * 1e6 / 2 else rows * self.splits * state_bytes
         chains = ceil_div(rows, self.combine_slots) * self.combine_rounds * cal.state_us
         combine = cal.combine_us + max(chains, (from_dram + rows * spec.model.value_dim * 2) / (arch.dram_gbps * 1e3))
         if spec.cache.kv_dtype != "bfloat16" and not shape.decode and not shape.stored_tree:

@@ -77,7 +77,8 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
                 part_o_bytes=PART_O_BYTES)
     cal = calibration()
     build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3)
-    prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us))
+    # its listed keys are scattered slots, staged one bulk copy a key: no whole-tile tensor copies
+    prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us, tensor_copy_gain=1.0))
     return replace(prediction, floor=sparse_floor(spec, s, arch))
 
 

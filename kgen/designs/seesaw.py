@@ -80,6 +80,9 @@ class Seesaw(Design):
     requires = ("wgmma",)
     sass_expect = ("HGMMA", "LDGSTS")  # warpgroup MMAs fed by cp.async
     modeled = True
+    # the consumers take a pair of tiles and release both stages at its end: with 3 stages the next
+    # pair's second tile is refilled only then, and each pair waits a copy's latency (NOTES s49m)
+    stage_group = 2
 
     def choose(self, spec: Spec, arch: Arch) -> SeesawTiles:
         """The deepest ring that fits (bf16 rows: 4 stages; fp8 rows: 3 beside the raw stages). The
