@@ -259,6 +259,7 @@ class Call:
     combine_slots: int  # combine CTAs (one per output row) that run at once
     combine_rounds: int  # batches of loads in a combine CTA's chain (kgen/kernels.py CombineEntry)
     part_o_bytes: int = 4  # bytes of a partial state's o element (fp32; the sparse kernels' bf16)
+    paged_keys: bool = True  # keys are runs of consecutive slots (a prefix); the sparse kernels' are listed slots
 
     @property
     def slots(self) -> int:
@@ -279,8 +280,9 @@ class Call:
 
     def dram_efficiency(self, cal: Calibration) -> float:
         """Of the copy bandwidth, what the call's KV copies reach: where pages hold whole tiles a tile is
-        one tensor copy (Design.tile_box), not a bulk copy a row (bench/NOTES.md v40: -7.5% at decode)."""
-        whole_tiles = designs.of(self.plan.tiles).tile_box(self.spec, self.plan.tiles) is not None
+        one tensor copy (Design.tile_box), not a bulk copy a row (bench/NOTES.md v40: -7.5% at decode);
+        listed keys (sparse) are scattered slots, a bulk copy each."""
+        whole_tiles = self.paged_keys and designs.of(self.plan.tiles).tile_box(self.spec, self.plan.tiles) is not None
         return min(1.0, cal.dram_efficiency * (cal.tensor_copy_gain if whole_tiles else 1.0))
 
     def predict(self, cal: Calibration | None = None) -> Prediction:

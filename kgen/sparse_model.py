@@ -74,11 +74,10 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     work = tile_work(p, arch)
     all_items = tuple(items * sh.B)
     call = Call(spec, sh, arch, p, work, all_items, splits, *combine_shape(p, sh, arch, len(all_items), splits),
-                part_o_bytes=PART_O_BYTES)
+                part_o_bytes=PART_O_BYTES, paged_keys=False)
     cal = calibration()
     build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3)
-    # its listed keys are scattered slots, staged one bulk copy a key: no whole-tile tensor copies
-    prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us, tensor_copy_gain=1.0))
+    prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us))
     return replace(prediction, floor=sparse_floor(spec, s, arch))
 
 
