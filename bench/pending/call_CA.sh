@@ -2,7 +2,7 @@
 # near its peak, `wait` the leading stall). ncu's SourceCounters (PC sampling: stall reasons a SASS
 # instruction) of main's union and gather kernels at B32 L32768 T16 (0.7 shared), sm_90 plan, the
 # third call's launch; each report is printed as CSV of SASS lines with their samples (--page source).
-# Carry .whl_kgen and .kcache (`python -m bench.warm .kcache --group sparse`, trimmed as NOTES says).
+# Carry .whl_kgen and .kcache (bench/pending/prep_CA.sh builds both here).
 # ~3 min. Read: sort the CSV by its stall columns; which instructions the `wait` samples sit on (an
 # F2FP feeding an HMMA, an HMMA's accumulator, the softmax's FMUL/EX2 chain, the scan's hash).
 set -u
