@@ -37,9 +37,9 @@ outside its tile loop, the same terms for every design, its bytes from its plan:
               (+ its design's decode_us in a decode call: prefix_attention's own fixed cost)
 
 overlap, barrier_cycles, dram_efficiency, latency_us, issue_efficiency, tensor_copy_gain, startup_us,
-item_gbps and combine_us are fitted to H200
-measurements (kgen/model_calibration.json) and assumed to hold on sm_120: they describe the loop design and the
-memory system's efficiency, the rates describe the arch.
+item_gbps and combine_us are fitted to H200 measurements (kgen/model_calibration.json) and assumed
+to hold on sm_120: they describe the loop design and the memory system's efficiency, the rates
+describe the arch.
 
 A loop design (kgen/designs/) gives its TileWork from the SASS of its tile loop (Design.tile_work);
 its DESIGN_TERMS are its own where they were fitted on its measurements.

@@ -68,9 +68,8 @@ class Design:
     modeled: ClassVar[bool] = False  # whether tile_work gives the performance model's entry
     heuristic: ClassVar[bool] = True  # whether the planner may choose it (else tiles overrides and tune only)
     modeled_kernel: ClassVar[str] = "prefix_attn"  # the variant whose tile loop the model reads
-    # tiles its consumers take together (their stages are released together, at the group's end): the
-    # ring holds stages // group whole groups, so a tile takes at least
-    # (copy latency + group x its compute) / (group x (stages // group)) (kgen/model.py)
+    # tiles its consumers take together, releasing their stages at the group's end (the ring's bound on
+    # a tile: kgen/model.py ring_bound_us)
     stage_group: ClassVar[int] = 1
 
     def allowed(self, arch: Arch) -> bool:
