@@ -32,7 +32,7 @@ PART_O_BYTES = 2
 # (sm_120's 168: the union kernel over fp8 rows 84 B, 7 spill instructions in its tile loop; the gather
 # kernel 28 B and 4 B; bench/NOTES.md v86). Their CTAs find their work items themselves.
 NO_TABLE = frozenset({("sm_120", "sparse_verify_attn", "fp8"), ("sm_120", "sparse_gather_attn", "fp8"),
-                      ("sm_120", "sparse_gather_attn", "scaled")})
+                      ("sm_120", "sparse_verify_attn", "scaled"), ("sm_120", "sparse_gather_attn", "scaled")})
 # The sparse schedule's inputs but qo_indptr (templates/sparse_schedule.cuh SparseArgs): the sparse
 # kernels and sparse_schedule declare them alike.
 SCHEDULE_PARAMS = ("int topk_width", "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes",

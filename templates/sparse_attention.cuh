@@ -26,10 +26,19 @@
 
 namespace kgen {
 
+// A listed key's membership mask (bit t: the row tile's token t lists it): one byte where a row tile
+// has at most 8 tokens (GLM-5's 2 to 4), so a reducer's keys of a tile are one load (tile_visibility),
+// else 32 bits.
+template <bool BYTE> struct KeyMaskPick { using type = unsigned; };
+template <> struct KeyMaskPick<true> { using type = unsigned char; };
+template <int TOKENS>
+using KeyMask = typename KeyMaskPick<TOKENS <= 8>::type;
+
 // A CTA's key list in global scratch: n slots and their membership masks.
+template <class Mask>
 struct KeyList {
     int* slots;
-    unsigned* masks;
+    Mask* masks;
 };
 
 // The listed slots as KV rows of ROW_BYTES each (written by this CTA before it reads them: plain
@@ -43,39 +52,67 @@ struct ListRows {
 };
 
 // Row r of the CTA sees key j when its token's bit is set in key j's mask (bit 0: token0). The
-// masks are found as the kernel's lists argument plus a 32-bit index (a step whose lists would
-// reach 2^32 entries is refused: kgen/sparse.py): the argument stays in the constant bank, where
-// a 64-bit pointer held through the tile loop spilled on sm_120 (168 registers for 9 warps).
-template <class C>
+// masks are found as the kernel's lists argument plus a 32-bit index of its words (a step whose
+// lists would reach 2^32 words is refused: kgen/sparse.py): the argument stays in the constant bank,
+// where a 64-bit pointer held through the tile loop spilled on sm_120 (168 registers for 9 warps).
+template <class C, class Mask>
 struct ListVisible {
     static constexpr bool ALL = false;
     const unsigned* lists;  // SparseArgs::lists
-    unsigned mask0;          // index of this CTA's first mask in lists
+    unsigned mask0;          // the word of lists where this CTA's masks start
     int row0, token0, num_rows;  // the tile's first row within the request, its first token, the request's rows from row0
+    __device__ __forceinline__ const Mask* masks() const { return reinterpret_cast<const Mask*>(lists + mask0); }
+    __device__ __forceinline__ int shift(int r) const { return (row0 + r) / C::HEADS - token0; }
     __device__ __forceinline__ bool operator()(int r, int j) const {
-        if (r >= num_rows) return false;
-        return ((lists[mask0 + j] >> ((row0 + r) / C::HEADS - token0)) & 1u) != 0;
+        return r < num_rows && ((masks()[j] >> shift(r)) & 1u) != 0;
     }
 };
 
-// ListVisible's answers for one tile: bit c says row red_row sees its key c of the tile, from the
-// keys' masks loaded when the tile starts (consume_range), before its partial scores, which hide
-// their latency.
+// A visibility's answers for one tile: bit c says row red_row sees its key c of the tile.
 struct ListTileVisibility {
     unsigned bits;
     __device__ __forceinline__ bool operator()(int c, int) const { return (bits >> c) & 1u; }
 };
+
+// ListVisible's answers for one tile, from the keys' masks loaded when the tile starts (consume_range).
+// Byte masks: the reducer's RED_COLS keys are whole words, kept as loaded until its softmax reads
+// them, so their latency (an L2 round trip: the masks do not stay in L1 beside the ring) hides behind
+// the tile's partial scores; picking the row's bits at once made every tile wait for them before its
+// first MMA (call CA: 11% of the batched union's warp samples, bench/NOTES.md v106).
 template <class C>
-__device__ __forceinline__ ListTileVisibility tile_visibility(const ListVisible<C>& v, int tile, int num_keys,
+struct ListTileBytes {
+    unsigned words[C::RED_COLS / 4];  // key c's mask is byte c; 0 for a padding row
+    const ListVisible<C, unsigned char>& v;
+    int row;
+    __device__ __forceinline__ bool operator()(int c, int) const {
+        return ((words[c / 4] >> (8 * (c % 4) + v.shift(row))) & 1u) != 0;
+    }
+};
+template <class C>
+__device__ __forceinline__ ListTileBytes<C> tile_visibility(const ListVisible<C, unsigned char>& v, int tile,
+                                                            int num_keys, const WarpCoords& w) {
+    static_assert(C::RED_COLS % 4 == 0, "a reducer's keys' byte masks are whole words");
+    ListTileBytes<C> m{{}, v, w.red_row};
+    const int key0 = tile * C::BN + w.red_col0;  // a multiple of 4; the list's last word is padded (sparse_attention)
+    const unsigned* words = reinterpret_cast<const unsigned*>(v.masks() + key0);
+#pragma unroll
+    for (int i = 0; i < C::RED_COLS / 4; ++i)
+        m.words[i] = w.red_row < v.num_rows && key0 + 4 * i < num_keys ? words[i] : 0u;
+    return m;
+}
+// 32-bit masks (a row tile of more than 8 tokens): the row's bits picked at once, as holding the
+// reducer's words through the partial scores spilled.
+template <class C>
+__device__ __forceinline__ ListTileVisibility tile_visibility(const ListVisible<C, unsigned>& v, int tile, int num_keys,
                                                               const WarpCoords& w) {
     static_assert(C::RED_COLS <= 32, "a row's keys of a tile fit one word");
     if (w.red_row >= v.num_rows) return {0u};  // a padding row sees nothing
-    const int shift = (v.row0 + w.red_row) / C::HEADS - v.token0;
+    const int shift = v.shift(w.red_row);
     unsigned bits = 0;
 #pragma unroll
     for (int c = 0; c < C::RED_COLS; ++c) {
         const int key = tile * C::BN + w.red_col0 + c;
-        if (key < num_keys) bits |= ((v.lists[v.mask0 + key] >> shift) & 1u) << c;
+        if (key < num_keys) bits |= ((v.masks()[key] >> shift) & 1u) << c;
     }
     return {bits};
 }
@@ -126,6 +163,7 @@ template <int TABLE, int TOKENS_, int LOADS_>
 struct SlotSet {
     static constexpr int TOKENS = TOKENS_;
     static constexpr bool BYTE_FLAGS = TOKENS <= 4;
+    using Mask = KeyMask<TOKENS>;  // of the list compact() writes
     static constexpr int TABLE_ENTRIES = TABLE;
     static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
@@ -217,7 +255,7 @@ struct SlotSet {
     // Write the set's slots and masks to `list` (in table order); returns how many. By the warps'
     // chunks, so consecutive lanes write consecutive list entries (one thread a strided run of
     // entries wrote 32 scattered words a store).
-    __device__ __forceinline__ int compact(const KeyList& list) const {
+    __device__ __forceinline__ int compact(const KeyList<Mask>& list) const {
         const int lane = threadIdx.x % 32;
         int c0, c1;
         chunks_of_warp(c0, c1);
@@ -233,7 +271,7 @@ struct SlotSet {
                 const int j = at + __popc(held & ((1u << lane) - 1));
                 const unsigned m = masks[c * 32 + lane];
                 list.slots[j] = k;
-                list.masks[j] = BYTE_FLAGS ? (m * 0x01020408u) >> 24 : m;  // byte t (0 or 1) to bit t
+                list.masks[j] = static_cast<Mask>(BYTE_FLAGS ? (m * 0x01020408u) >> 24 : m);  // byte t (0 or 1) to bit t
             }
             at += __popc(held);
         }
@@ -297,7 +335,7 @@ struct SlotRange {
 // at its register cap.
 template <class Set>
 __device__ __noinline__ int build_union(const Set set, const int* lists, int tokens, int width, const SlotFilter filter,
-                                        const KeyList list, const SparseArgs a) {
+                                        const KeyList<typename Set::Mask> list, const SparseArgs a) {
     constexpr int LOADS = Set::LOADS;  // entries a thread has in flight: the scan is a few L2 latencies
     set.clear();
     __syncthreads();
@@ -385,8 +423,9 @@ __device__ __noinline__ int build_union(const Set set, const int* lists, int tok
 }
 
 // The union's list of a one-token row tile: its entries [e0, e1) that name a row, in order.
-__device__ __noinline__ int build_entry_list(int* scan, const KeyList list, const int* lists, int width, int e0, int e1,
-                                             const SparseArgs a) {
+template <class Mask>
+__device__ __noinline__ int build_entry_list(int* scan, const KeyList<Mask> list, const int* lists, int width, int e0,
+                                             int e1, const SparseArgs a) {
     const int per = (e1 - e0 + blockDim.x - 1) / blockDim.x;
     const int begin = e0 + threadIdx.x * per, end = min(e1, begin + per);
     SlotRange range(a.num_slots);
@@ -399,7 +438,7 @@ __device__ __noinline__ int build_entry_list(int* scan, const KeyList list, cons
         const int slot = lists[e];
         if (range.names(slot)) {
             list.slots[at] = slot;
-            list.masks[at] = 1u << (e / width);
+            list.masks[at] = static_cast<Mask>(1u << (e / width));
             ++at;
         }
     }
@@ -542,8 +581,10 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             return KeyRange<EntryRows<C::KV_ROW>, EntryVisible<C>>{rows, e1 - e0, visible, 0, (e1 - e0 + C::BN - 1) / C::BN};
         }, part_o, part_lse, scale_log2);
     } else {
-        const KeyList list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
-                           reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * LIST_KEYS};
+        using Mask = typename Set::Mask;
+        const unsigned mask0 = (blockIdx.x * 2 + 1) * LIST_KEYS;  // the word of a.lists where the masks start
+        const KeyList<Mask> list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
+                                 reinterpret_cast<Mask*>(reinterpret_cast<unsigned*>(a.lists) + mask0)};
         // The item's key list, built whole (its rows are read again after: held, they spilled across the
         // builders' calls).
         const int n = [&] {
@@ -566,7 +607,7 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             while (true) {
                 const SlotFilter filter{static_cast<unsigned>(item.splits), static_cast<unsigned>(item.split), mod, rem};
                 const int m = build_union(Set::at(smem, size), lists, tokens, width, filter,
-                                          KeyList{list.slots + count, list.masks + count}, a);
+                                          KeyList<Mask>{list.slots + count, list.masks + count}, a);
                 if (m < 0) {
                     if (size < TABLE) size *= 2;
                     else mod *= 2;
@@ -585,16 +626,18 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             if (item.split == 0) SlotRange(a.num_slots).report(lists, 0, tokens * width, a);
             return count;
         }();
+        // Byte masks are read a word at a time: the last word's bytes past the list are zeros.
+        if (sizeof(Mask) == 1 && threadIdx.x < (4 - n % 4) % 4) list.masks[n + threadIdx.x] = 0;
         // The ring held the hash set (generic-proxy writes) that the loop's copies now overwrite; the
         // masks, read in every tile's softmax, are fetched into L1 first (this CTA just wrote them).
         fence_proxy_async();
         __syncthreads();
-        for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l1(list.masks + i);
+        constexpr int LINE = 128 / sizeof(Mask);  // masks a cache line
+        for (int i = threadIdx.x * LINE; i < n; i += blockDim.x * LINE) prefetch_l1(list.masks + i);
         attend_item<C, MASK_WORDS>(smem, q, kv_scale, k_tree, request_mask, a, item, [&](const ItemRows& r) {
             const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
-            const ListVisible<C> visible{reinterpret_cast<const unsigned*>(a.lists),
-                                         static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0, r.rows};
-            return KeyRange<ListRows<C::KV_ROW>, ListVisible<C>>{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
+            const ListVisible<C, Mask> visible{reinterpret_cast<const unsigned*>(a.lists), mask0, row0, token0, r.rows};
+            return KeyRange<ListRows<C::KV_ROW>, ListVisible<C, Mask>>{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
         }, part_o, part_lse, scale_log2);
     }
     // The sparse combine may launch once every CTA is here or gone (CTAs without an item): after the
