@@ -15,6 +15,7 @@ from .designs import mma_sync
 from .designs.mma_sync import MmaSyncTiles
 from .errors import PlanError
 from .occupancy import ctas_by_smem
+from .spec import Spec
 from .variant import BF16, PlanContext, Variant
 
 SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
@@ -32,7 +33,12 @@ PART_O_BYTES = 2
 # (sm_120's 168: the union kernel over fp8 rows 84 B, 7 spill instructions in its tile loop; the gather
 # kernel 28 B and 4 B; bench/NOTES.md v86). Their CTAs find their work items themselves.
 NO_TABLE = frozenset({("sm_120", "sparse_verify_attn", "fp8"), ("sm_120", "sparse_gather_attn", "fp8"),
-                      ("sm_120", "sparse_verify_attn", "scaled"), ("sm_120", "sparse_gather_attn", "scaled")})
+                      ("sm_120", "sparse_gather_attn", "scaled")})
+# The union kernels that pick their rows' bits out of a tile's key masks when the tile starts, rather
+# than hold the masks as loaded until its softmax (LATE_MASKS, where a row tile's masks are bytes: -9%
+# at B32 on the H100, bench/NOTES.md v106), by (plan arch, KV rows): the held word spilled the sm_120
+# plan's union over the DSA pool's scaled rows at its 168 registers (148 B, in its tile loop).
+EARLY_MASKS = frozenset({("sm_120", "scaled")})
 # The sparse schedule's inputs but qo_indptr (templates/sparse_schedule.cuh SparseArgs): the sparse
 # kernels and sparse_schedule declare them alike.
 SCHEDULE_PARAMS = ("int topk_width", "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes",
@@ -134,7 +140,8 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
              f"{PART_O}* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots",
              "const int* __restrict__ schedule_table")
     table = table_entries(c, t)
-    constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), **ctx.tree_constants}
+    late = tile_tokens(spec.model.num_q_heads, t.bm) <= 8 and (c.arch.name, row_kind(spec)) not in EARLY_MASKS
+    constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), "LATE_MASKS": late, **ctx.tree_constants}
     return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn",
                                                               "SCHEDULE_TABLE": reads_table(c, name), **constants},
                                   decls),
@@ -145,9 +152,14 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
 def reads_table(c: PlanContext, kernel: str) -> bool:
     """Whether a sparse kernel takes its work items from a prepared step's schedule table
     (templates/sparse_schedule.cuh): all but NO_TABLE's."""
-    cache = c.spec.cache
-    rows = "bf16" if cache.kv_dtype == "bfloat16" else "scaled" if cache.per_block else "fp8"
-    return (c.arch.name, kernel, rows) not in NO_TABLE
+    return (c.arch.name, kernel, row_kind(c.spec)) not in NO_TABLE
+
+
+def row_kind(spec: Spec) -> str:
+    """The sparse kernels' KV rows, as NO_TABLE and EARLY_MASKS name them: bf16, fp8 (one scale) or
+    scaled (the DSA pool's block-scaled rows)."""
+    cache = spec.cache
+    return "bf16" if cache.kv_dtype == "bfloat16" else "scaled" if cache.per_block else "fp8"
 
 
 def sparse_bm(c: PlanContext) -> int:

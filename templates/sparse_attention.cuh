@@ -26,13 +26,13 @@
 
 namespace kgen {
 
-// A listed key's membership mask (bit t: the row tile's token t lists it): one byte where a row tile
-// has at most 8 tokens (GLM-5's 2 to 4), so a reducer's keys of a tile are one load (tile_visibility),
-// else 32 bits.
+// A listed key's membership mask (bit t: the row tile's token t lists it): 32 bits, or a byte where
+// a tile's masks are held as loaded until its softmax (LATE_MASKS, a row tile of at most 8 tokens),
+// so that a reducer's keys of a tile are one word (tile_visibility).
 template <bool BYTE> struct KeyMaskPick { using type = unsigned; };
 template <> struct KeyMaskPick<true> { using type = unsigned char; };
-template <int TOKENS>
-using KeyMask = typename KeyMaskPick<TOKENS <= 8>::type;
+template <bool BYTE>
+using KeyMask = typename KeyMaskPick<BYTE>::type;
 
 // A CTA's key list in global scratch: n slots and their membership masks.
 template <class Mask>
@@ -55,17 +55,21 @@ struct ListRows {
 // masks are found as the kernel's lists argument plus a 32-bit index of its words (a step whose
 // lists would reach 2^32 words is refused: kgen/sparse.py): the argument stays in the constant bank,
 // where a 64-bit pointer held through the tile loop spilled on sm_120 (168 registers for 9 warps).
+// Byte masks (LATE_MASKS) are held as loaded until a tile's softmax; 32-bit ones are picked at once
+// (tile_visibility).
 template <class C, class Mask>
 struct ListVisible {
     static constexpr bool ALL = false;
     const unsigned* lists;  // SparseArgs::lists
     unsigned mask0;          // the word of lists where this CTA's masks start
     int row0, token0, num_rows;  // the tile's first row within the request, its first token, the request's rows from row0
-    __device__ __forceinline__ const Mask* masks() const { return reinterpret_cast<const Mask*>(lists + mask0); }
-    __device__ __forceinline__ int shift(int r) const { return (row0 + r) / C::HEADS - token0; }
-    __device__ __forceinline__ bool operator()(int r, int j) const {
-        return r < num_rows && ((masks()[j] >> shift(r)) & 1u) != 0;
+    // The word of lists holding key j's mask, and the mask (indexed in 32 bits, as the argument).
+    __device__ __forceinline__ unsigned word(int j) const { return lists[mask0 + j * (int)sizeof(Mask) / 4]; }
+    __device__ __forceinline__ unsigned mask(int j) const {
+        return sizeof(Mask) == 1 ? (word(j) >> (8 * (j % 4))) & 0xffu : word(j);
     }
+    __device__ __forceinline__ int shift(int r) const { return (row0 + r) / C::HEADS - token0; }
+    __device__ __forceinline__ bool operator()(int r, int j) const { return r < num_rows && ((mask(j) >> shift(r)) & 1u) != 0; }
 };
 
 // A visibility's answers for one tile: bit c says row red_row sees its key c of the tile.
@@ -74,11 +78,12 @@ struct ListTileVisibility {
     __device__ __forceinline__ bool operator()(int c, int) const { return (bits >> c) & 1u; }
 };
 
-// ListVisible's answers for one tile, from the keys' masks loaded when the tile starts (consume_range).
-// Byte masks: the reducer's RED_COLS keys are whole words, kept as loaded until its softmax reads
-// them, so their latency (an L2 round trip: the masks do not stay in L1 beside the ring) hides behind
-// the tile's partial scores; picking the row's bits at once made every tile wait for them before its
-// first MMA (call CA: 11% of the batched union's warp samples, bench/NOTES.md v106).
+// ListVisible's answers for one tile, from its keys' masks loaded when the tile starts: held as
+// loaded (bytes: a reducer's masks are whole words) until the softmax reads them, so the loads'
+// latency (an L2 round trip: the masks do not stay in L1 beside the ring) hides behind the tile's
+// partial scores. Picked at once, the row's bits made every tile wait for the loads before its first
+// MMA (call CA: 11% of the batched union's warp samples, bench/NOTES.md v106); that stays where the
+// held word spills the loop (kgen/sparse_plan.py EARLY_MASKS).
 template <class C>
 struct ListTileBytes {
     unsigned words[C::RED_COLS / 4];  // key c's mask is byte c; 0 for a padding row
@@ -93,26 +98,25 @@ __device__ __forceinline__ ListTileBytes<C> tile_visibility(const ListVisible<C,
                                                             int num_keys, const WarpCoords& w) {
     static_assert(C::RED_COLS % 4 == 0, "a reducer's keys' byte masks are whole words");
     ListTileBytes<C> m{{}, v, w.red_row};
-    const int key0 = tile * C::BN + w.red_col0;  // a multiple of 4; the list's last word is padded (sparse_attention)
-    const unsigned* words = reinterpret_cast<const unsigned*>(v.masks() + key0);
+    const int key0 = tile * C::BN + w.red_col0;  // a multiple of 4
 #pragma unroll
-    for (int i = 0; i < C::RED_COLS / 4; ++i)
-        m.words[i] = w.red_row < v.num_rows && key0 + 4 * i < num_keys ? words[i] : 0u;
+    for (int i = 0; i < C::RED_COLS / 4; ++i)  // a word past the list is not read (softmax_row: key < num_keys)
+        m.words[i] = w.red_row < v.num_rows && key0 + 4 * i < num_keys ? v.word(key0 + 4 * i) : 0u;
     return m;
 }
-// 32-bit masks (a row tile of more than 8 tokens): the row's bits picked at once, as holding the
-// reducer's words through the partial scores spilled.
+// 32-bit masks: the row's bits picked at once. (Written so, the sm_120 plan's union over scaled rows
+// keeps 0 spills: as little as its key index computed before the padding-row test spilled 92 B.)
 template <class C>
 __device__ __forceinline__ ListTileVisibility tile_visibility(const ListVisible<C, unsigned>& v, int tile, int num_keys,
                                                               const WarpCoords& w) {
     static_assert(C::RED_COLS <= 32, "a row's keys of a tile fit one word");
     if (w.red_row >= v.num_rows) return {0u};  // a padding row sees nothing
-    const int shift = v.shift(w.red_row);
+    const int shift = (v.row0 + w.red_row) / C::HEADS - v.token0;
     unsigned bits = 0;
 #pragma unroll
     for (int c = 0; c < C::RED_COLS; ++c) {
         const int key = tile * C::BN + w.red_col0 + c;
-        if (key < num_keys) bits |= ((v.masks()[key] >> shift) & 1u) << c;
+        if (key < num_keys) bits |= ((v.lists[v.mask0 + key] >> shift) & 1u) << c;
     }
     return {bits};
 }
@@ -163,7 +167,6 @@ template <int TABLE, int TOKENS_, int LOADS_>
 struct SlotSet {
     static constexpr int TOKENS = TOKENS_;
     static constexpr bool BYTE_FLAGS = TOKENS <= 4;
-    using Mask = KeyMask<TOKENS>;  // of the list compact() writes
     static constexpr int TABLE_ENTRIES = TABLE;
     static constexpr int CAP = TABLE / 2;      // keys a round holds at most
     static constexpr int MIN_SIZE = 1024;      // > 2 x the threads: even a full round leaves probes an empty entry
@@ -255,6 +258,7 @@ struct SlotSet {
     // Write the set's slots and masks to `list` (in table order); returns how many. By the warps'
     // chunks, so consecutive lanes write consecutive list entries (one thread a strided run of
     // entries wrote 32 scattered words a store).
+    template <class Mask>
     __device__ __forceinline__ int compact(const KeyList<Mask>& list) const {
         const int lane = threadIdx.x % 32;
         int c0, c1;
@@ -333,9 +337,9 @@ struct SlotRange {
 // the scan ~4x over with ~7 lanes each (ncu, bench/NOTES.md v19). Not inlined, as
 // write_sparse_item: it runs once per round, and inlined its temporaries spilled the sm_120 kernel
 // at its register cap.
-template <class Set>
+template <class Set, class Mask>
 __device__ __noinline__ int build_union(const Set set, const int* lists, int tokens, int width, const SlotFilter filter,
-                                        const KeyList<typename Set::Mask> list, const SparseArgs a) {
+                                        const KeyList<Mask> list, const SparseArgs a) {
     constexpr int LOADS = Set::LOADS;  // entries a thread has in flight: the scan is a few L2 latencies
     set.clear();
     __syncthreads();
@@ -551,8 +555,9 @@ constexpr int queue_loads() {
 
 // sparse_verify_attn (UNION) and sparse_gather_attn: the item's split of its row tile's listed
 // slots, then, in the last split, the request's tree tokens under the tree mask; one online
-// softmax into the partial state of slot blockIdx.x. LIST_KEYS: keys of a CTA's list scratch.
-template <class C, bool UNION, int TABLE, int LIST_KEYS, int MASK_WORDS, class RequestMask, class PartO>
+// softmax into the partial state of slot blockIdx.x. LIST_KEYS: keys of a CTA's list scratch;
+// LATE_MASKS: the union's byte masks held as loaded until a tile's softmax (ListVisible).
+template <class C, bool UNION, int TABLE, int LIST_KEYS, bool LATE_MASKS, int MASK_WORDS, class RequestMask, class PartO>
 __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, const char* kv_cache, float kv_scale,
                                                  const char* k_tree, const RequestMask& request_mask,
                                                  const SparseArgs& a, const int* schedule_table, PartO* part_o,
@@ -581,7 +586,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             return KeyRange<EntryRows<C::KV_ROW>, EntryVisible<C>>{rows, e1 - e0, visible, 0, (e1 - e0 + C::BN - 1) / C::BN};
         }, part_o, part_lse, scale_log2);
     } else {
-        using Mask = typename Set::Mask;
+        using Mask = KeyMask<LATE_MASKS>;
+        static_assert(!LATE_MASKS || Set::TOKENS <= 8, "byte masks: a row tile of at most 8 tokens");
         const unsigned mask0 = (blockIdx.x * 2 + 1) * LIST_KEYS;  // the word of a.lists where the masks start
         const KeyList<Mask> list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
                                  reinterpret_cast<Mask*>(reinterpret_cast<unsigned*>(a.lists) + mask0)};
@@ -626,8 +632,6 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
             if (item.split == 0) SlotRange(a.num_slots).report(lists, 0, tokens * width, a);
             return count;
         }();
-        // Byte masks are read a word at a time: the last word's bytes past the list are zeros.
-        if (sizeof(Mask) == 1 && threadIdx.x < (4 - n % 4) % 4) list.masks[n + threadIdx.x] = 0;
         // The ring held the hash set (generic-proxy writes) that the loop's copies now overwrite; the
         // masks, read in every tile's softmax, are fetched into L1 first (this CTA just wrote them).
         fence_proxy_async();
