@@ -141,8 +141,9 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
              "const int* __restrict__ schedule_table")
     table = table_entries(c, t)
     late = tile_tokens(spec.model.num_q_heads, t.bm) <= 8 and (c.arch.name, row_kind(spec)) not in EARLY_MASKS
-    constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), "LATE_MASKS": late, **ctx.tree_constants}
+    constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), **ctx.tree_constants}
     return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn",
+                                                              "LATE_MASKS": late and name == "sparse_verify_attn",
                                                               "SCHEDULE_TABLE": reads_table(c, name), **constants},
                                   decls),
                     kernel="sparse_attn", waits_for_prior=True)

@@ -588,9 +588,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
     } else {
         using Mask = KeyMask<LATE_MASKS>;
         static_assert(!LATE_MASKS || Set::TOKENS <= 8, "byte masks: a row tile of at most 8 tokens");
-        const unsigned mask0 = (blockIdx.x * 2 + 1) * LIST_KEYS;  // the word of a.lists where the masks start
         const KeyList<Mask> list{a.lists + (long long)blockIdx.x * 2 * LIST_KEYS,
-                                 reinterpret_cast<Mask*>(reinterpret_cast<unsigned*>(a.lists) + mask0)};
+                                 reinterpret_cast<Mask*>(reinterpret_cast<unsigned*>(a.lists) + ((long long)blockIdx.x * 2 + 1) * LIST_KEYS)};
         // The item's key list, built whole (its rows are read again after: held, they spilled across the
         // builders' calls).
         const int n = [&] {
@@ -640,7 +639,8 @@ __device__ __forceinline__ void sparse_attention(char* smem, const bf16* q, cons
         for (int i = threadIdx.x * LINE; i < n; i += blockDim.x * LINE) prefetch_l1(list.masks + i);
         attend_item<C, MASK_WORDS>(smem, q, kv_scale, k_tree, request_mask, a, item, [&](const ItemRows& r) {
             const ListRows<C::KV_ROW> rows{kv_cache, list.slots};
-            const ListVisible<C, Mask> visible{reinterpret_cast<const unsigned*>(a.lists), mask0, row0, token0, r.rows};
+            const ListVisible<C, Mask> visible{reinterpret_cast<const unsigned*>(a.lists),
+                                               static_cast<unsigned>((blockIdx.x * 2 + 1) * LIST_KEYS), row0, token0, r.rows};
             return KeyRange<ListRows<C::KV_ROW>, ListVisible<C, Mask>>{rows, n, visible, 0, (n + C::BN - 1) / C::BN};
         }, part_o, part_lse, scale_log2);
     }

@@ -34,7 +34,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__c9fc764d8a7b(
+extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__25e3522dccfd(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576
     long long num_slots,
     const int* __restrict__ schedule_table) {
     extern __shared__ __align__(1024) char smem[];
-    kgen::sparse_attention<Cfg, true, 4096, 8192, MASK_WORDS>(
+    kgen::sparse_attention<Cfg, true, 4096, 8192, false, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask},
         kgen::SparseArgs{qo_indptr, topk_indices, topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens,
