@@ -3,7 +3,7 @@
 # then ncu SourceCounters (SASS lines with stall samples) of the two kernels issue 20 / 21 still miss
 # most on: the B1 L131072 T16 gather (the default at B1) and the dense verify over the DSA pool's
 # 656-B rows (glm5_dsa_fp8_sm120) at B1 L131072 T16, and bf16 page-1 verify for comparison.
-# Carry .whl_kgen, .kcache, .ab. ~4 min.
+# Carry .whl_kgen, .kcache, .ab (bench/pending/prep_CD.sh builds them here). ~4 min.
 set -u
 source bench/pending/steps.sh
 root=$PWD
