@@ -371,3 +371,42 @@ def test_bench_sparse_refuses_shapes_of_both_kinds(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--shapes", "0", "--shape", "1,4096,16,0.7"])
     assert e.value.code == 2 and "--shape and --shapes: give one or the other" in capsys.readouterr().err
+
+
+def _sass_csv(path: Path, rows: list[tuple[str, int, int, int]]) -> None:
+    """ncu's SASS source page as CSV: the kernel row, the header, then (source, samples, long_sb, wait)."""
+    import csv
+    import gzip
+
+    with gzip.open(path, "wt", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "sparse_verify_attn__x", ""])
+        w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_long_sb", "stall_wait",
+                    "stall_long_sb (Not Issued)"])
+        for i, (source, samples, long_sb, wait) in enumerate(rows):
+            w.writerow([hex(0x100 + 16 * i), source, samples, long_sb, wait, 99])
+
+
+def test_sass_samples_names_the_line_the_warps_wait_on(tmp_path):
+    """bench.sass_samples reads ncu's CSV (gzipped), ranks lines by the chosen stall, leaves out the
+    "(Not Issued)" columns, strips predicates and modifiers from opcodes, and sums runs of lines."""
+    from bench import sass_samples
+
+    csv_path = tmp_path / "sass.csv.gz"
+    _sass_csv(csv_path, [("@!P0 LDG.E R66, desc[UR10][R66.64]", 10, 0, 8),
+                         ("@!P0 SHF.R.U32.HI R70, RZ, R75, R66", 300, 290, 5),
+                         ("HMMA.16816.F32 R88, R68, R62, R88", 40, 0, 30),
+                         ("FADD R1, R2, R3", 50, 1, 40)])
+    kernel, lines = sass_samples.read(csv_path)
+    assert kernel == "sparse_verify_attn__x"
+    assert [x.opcode for x in lines] == ["LDG", "SHF", "HMMA", "FADD"]
+    assert set(lines[0].stalls) == {"long_sb", "wait"}
+    text = sass_samples.report(kernel, lines, "long_sb", top=1, block=2)
+    assert "400 samples" in text and "long_sb                   291  72.8%" in text
+    ranked = text.split("lines with most 'long_sb' samples:\n")[1].splitlines()[0]
+    assert ranked.split()[:3] == ["1", "290", "of"] and "SHF.R.U32.HI" in ranked
+    assert "0-    1     310  77.5%  SHF:300 LDG:10" in text and "2-    3      90  22.5%  FADD:50 HMMA:40" in text
+    bad = tmp_path / "other.csv"
+    bad.write_text("a,b\nc,d\n")
+    with pytest.raises(ValueError, match="not ncu's SASS source page"):
+        sass_samples.read(bad)
