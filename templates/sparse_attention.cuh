@@ -100,7 +100,7 @@ __device__ __forceinline__ ListTileBytes<C> tile_visibility(const ListVisible<C,
     ListTileBytes<C> m{{}, v, w.red_row};
     const int key0 = tile * C::BN + w.red_col0;  // a multiple of 4
 #pragma unroll
-    for (int i = 0; i < C::RED_COLS / 4; ++i)  // a word past the list is not read (softmax_row: key < num_keys)
+    for (int i = 0; i < C::RED_COLS / 4; ++i)  // bytes past the list: ignored (softmax_row tests key < num_keys)
         m.words[i] = w.red_row < v.num_rows && key0 + 4 * i < num_keys ? v.word(key0 + 4 * i) : 0u;
     return m;
 }
