@@ -111,12 +111,12 @@ __device__ __forceinline__ ListTileVisibility tile_visibility(const ListVisible<
                                                               const WarpCoords& w) {
     static_assert(C::RED_COLS <= 32, "a row's keys of a tile fit one word");
     if (w.red_row >= v.num_rows) return {0u};  // a padding row sees nothing
-    const int shift = (v.row0 + w.red_row) / C::HEADS - v.token0;
+    const int shift = v.shift(w.red_row);
     unsigned bits = 0;
 #pragma unroll
     for (int c = 0; c < C::RED_COLS; ++c) {
         const int key = tile * C::BN + w.red_col0 + c;
-        if (key < num_keys) bits |= ((v.lists[v.mask0 + key] >> shift) & 1u) << c;
+        if (key < num_keys) bits |= ((v.word(key) >> shift) & 1u) << c;
     }
     return {bits};
 }
