@@ -123,10 +123,6 @@ struct AttnConfig : Layout {
     // Q's tile apart from the KV ring (Q_OFF > 0, where shared memory allows): its copies may start
     // before the ring is free, and the ring's before Q is in registers.
     static constexpr bool Q_APART = Layout::Q_OFF != 0;
-    // The softmax in every warp (Layout::WARP_SOFTMAX): each warp sums the row block's partial scores
-    // for its own rows and keys, runs the online softmax in registers and feeds P·V its probabilities
-    // from registers; the row block meets at one barrier a tile, not two (warp_softmax_tile).
-    static constexpr bool WARP_SOFTMAX = Layout::WARP_SOFTMAX != 0;
     using Layout::BAR_OFF, Layout::KV_STRIDE, Layout::P_STRIDE, Layout::Q_STRIDE, Layout::RING_BYTES;
     // Softmax: each row's scores are reduced by RED_THREADS consecutive lanes.
     static constexpr int RED_THREADS = CONSUMERS / BM;
@@ -151,8 +147,6 @@ struct AttnConfig : Layout {
     static_assert(RED_THREADS <= 32 && 32 % RED_THREADS == 0, "a row's reducers share a warp");
     static_assert(CLUSTER >= 1 && CLUSTER <= 8 && BN % CLUSTER == 0, "a cluster of at most 8 CTAs copies whole rows");
     static_assert(ROW_BLOCK_BAR0 + WARPS_M <= 16, "named barrier ids");
-    static_assert(!WARP_SOFTMAX || (!KV_FP8 && K_STEP == 16 && BN % 16 == 0 && WARPS_M * 8 <= BM * P_STRIDE),
-                  "the softmax in every warp: bf16 rows (one score scale a CTA), and the P region holds its barriers");
     static_assert(KV_ROW % 16 == 0 && KV_STRIDE % 16 == 0 && Q_STRIDE % 16 == 0 && Layout::Q_OFF % 16 == 0 && BAR_OFF % 8 == 0,
                   "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 };
@@ -163,14 +157,6 @@ __device__ __forceinline__ bool is_producer() { return threadIdx.x >= C::CONSUME
 template <class C>
 __device__ __forceinline__ mbarrier* q_full(char* smem) {
     return reinterpret_cast<mbarrier*>(smem + C::BAR_OFF) + 2 * C::STAGES;
-}
-
-// WARP_SOFTMAX: row block b's "partial scores read" mbarrier (one arrival a warp), in the P region
-// that loop leaves unused: a warp stores its next tile's partial scores once the row block's warps
-// have all read this tile's.
-template <class C>
-__device__ __forceinline__ mbarrier* scores_read(char* smem, int row_block) {
-    return reinterpret_cast<mbarrier*>(smem + C::P_OFF) + row_block;
 }
 
 // The staged Q tile: BM rows of Q_STRIDE bytes.
@@ -208,8 +194,6 @@ struct AttnState {
     unsigned block_ref;  // scaled rows, scales in P: row red_row's P reference per group, 2^(e - 127), byte g = e (store_scaled_p)
     int v_exp;           // scaled rows, scales in V: this warp's V reference R = 2^(v_exp - 127) (tile_v_scale)
     int ring_pos;       // KV tiles that have passed through the ring (all ranges so far)
-    // WARP_SOFTMAX: the running max and this lane's share of the running sum of its rows g, g + 8 of each 16-row tile
-    float wrow_max[C::M_TILES][2], wrow_sum[C::M_TILES][2];
 };
 
 struct WarpCoords {
@@ -376,8 +360,6 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
     copy_q<C>(smem, q_rows, num_rows);
     if (threadIdx.x == 0) {
         ring_init<C>(smem, 1, C::EMPTY_ARRIVALS);  // the producer lane 0's expect_tx; the compute threads
-        if constexpr (C::WARP_SOFTMAX)
-            for (int b = 0; b < C::WARPS_M; ++b) mbar_init(scores_read<C>(smem, b), C::DIM_GROUPS);
         mbar_init_fence();
     }
     __syncthreads();
@@ -393,13 +375,6 @@ __device__ __forceinline__ void attend_begin(char* smem, AttnState<C>& st, const
                 for (int k = 0; k < 4; ++k) st.o_acc[mt][n][k] = 0.f;
         st.row_max = neg_inf();
         st.row_sum = 0.f;
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                st.wrow_max[mt][h] = neg_inf();
-                st.wrow_sum[mt][h] = 0.f;
-            }
         st.block_ref = 0x01010101u;  // 2^-126 each: no scale seen yet
         st.v_exp = 1;
     }
@@ -517,21 +492,26 @@ __device__ __forceinline__ float tile_v_scale(AttnState<C>& st, const char* kt, 
 }
 
 // o_acc += P · V for this warp's rows and value dims over one staged tile (scaled rows in f16 mode:
-// V times its keys' v_ratio, tile_v_scale's). p_fragments(pf, key0) gives the P fragments of the key
-// block from key0: pf[mt][s] for its MMA k-steps.
-template <class C, class PFragments>
-__device__ __forceinline__ void pv_tile(AttnState<C>& st, const PFragments& p_fragments, const char* kt,
-                                        const WarpCoords& w, float v_ratio) {
+// V times its keys' v_ratio, tile_v_scale's).
+template <class C>
+__device__ __forceinline__ void pv_tile(AttnState<C>& st, const char* p_smem, const char* kt, const WarpCoords& w,
+                                        float v_ratio) {
     constexpr int STEPS = C::V_BLOCK / C::K_STEP;  // MMA k-steps per key block
+    const int lane = w.lane;
 #pragma unroll
     for (int key0 = 0; key0 < C::BN; key0 += C::V_BLOCK) {
         unsigned pf[C::M_TILES][STEPS][4];
-        p_fragments(pf, key0);
+#pragma unroll
+        for (int mt = 0; mt < C::M_TILES; ++mt)
+#pragma unroll
+            for (int s = 0; s < STEPS; ++s)
+                ldmatrix_x4(pf[mt][s], p_smem + (w.wrow0 + mt * 16 + (lane % 16)) * C::P_STRIDE +
+                                           (key0 / C::K_STEP + s) * 32 + (lane / 16) * 16);
 #pragma unroll
         for (int np = 0; np < C::DV_G / 16; ++np) {
             unsigned vb[STEPS][2][2];
-            if constexpr (C::V_SCALED) scaled_value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, w.lane, v_ratio);
-            else value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, w.lane);
+            if constexpr (C::V_SCALED) scaled_value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane, v_ratio);
+            else value_fragments<C>(vb, kt, key0, w.group * C::DV_G + np * 16, lane);
 #pragma unroll
             for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
@@ -542,21 +522,6 @@ __device__ __forceinline__ void pv_tile(AttnState<C>& st, const PFragments& p_fr
         }
     }
 }
-
-// P·V's P fragments from the staged probabilities (the reducers' P).
-template <class C>
-struct StagedP {
-    const char* p_smem;
-    const WarpCoords& w;
-    __device__ __forceinline__ void operator()(unsigned (&pf)[C::M_TILES][C::V_BLOCK / C::K_STEP][4], int key0) const {
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int s = 0; s < C::V_BLOCK / C::K_STEP; ++s)
-                ldmatrix_x4(pf[mt][s], p_smem + (w.wrow0 + mt * 16 + (w.lane % 16)) * C::P_STRIDE +
-                                           (key0 / C::K_STEP + s) * 32 + (w.lane / 16) * 16);
-    }
-};
 
 // Producer: stage key rows [tile*BN, tile*BN + BN) of each tile of [tile_begin, tile_end) into
 // the ring, one bulk copy per row (lane), as soon as the compute warps free a stage. A tile of
@@ -602,11 +567,12 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
     }
 }
 
-// 1. This warp's partial scores over its group's key dims of staged tile `kt`, for its 16-row tiles
-// and the tile's BN keys (s_acc[mt][n]: rows g and g + 8, keys n * 8 + 2q and + 1).
+// 1. This warp's partial scores over its group's key dims of staged tile `kt`, into s_part
+// [group][row][key] for the row block's reducers.
 template <class C>
-__device__ __forceinline__ void partial_scores(float (&s_acc)[C::M_TILES][C::BN / 8][4], const AttnState<C>& st,
-                                               const char* kt, const WarpCoords& w) {
+__device__ __forceinline__ void partial_scores(const AttnState<C>& st, const char* kt, float* s_part,
+                                               const WarpCoords& w) {
+    float s_acc[C::M_TILES][C::BN / 8][4];
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
@@ -640,12 +606,6 @@ __device__ __forceinline__ void partial_scores(float (&s_acc)[C::M_TILES][C::BN 
                     mma<C>(s_acc[mt][key0 / 8 + n], st.qf[mt][ks], kb[n][0], kb[n][1]);
         }
     }
-}
-
-// The partial scores into s_part [group][row][key] for the row block.
-template <class C>
-__device__ __forceinline__ void store_partial_scores(const float (&s_acc)[C::M_TILES][C::BN / 8][4], float* s_part,
-                                                     const WarpCoords& w) {
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt)
 #pragma unroll
@@ -709,98 +669,7 @@ __device__ __forceinline__ void rescale_and_pv(char* smem, AttnState<C>& st, con
             st.o_acc[mt][n][2] *= a_hi; st.o_acc[mt][n][3] *= a_hi;
         }
     }
-    pv_tile<C>(st, StagedP<C>{smem + C::P_OFF + copy * C::BM * C::P_STRIDE, w}, kt, w, v_ratio);
-}
-
-// Visibilities under which every query row sees every key of its range.
-template <class Visible>
-constexpr bool sees_every_key = false;
-template <>
-constexpr bool sees_every_key<AllVisible> = true;
-
-// WARP_SOFTMAX, 2 and 3 in one warp: the row block's partial scores summed for this warp's rows and
-// keys (its own from registers, then the others' in turn: the warps' sums differ in their last bit at
-// most, and each warp's P, l and O agree with each other),
-// masked and scaled, the online softmax step of each of its rows (rows g and g + 8 of each 16-row
-// tile: a quad of lanes holds a row), O rescaled, and P·V with the probabilities as they are in
-// registers (an m16n8 accumulator pair is an m16k16 A fragment). The warp tells the row block it
-// has read the partial scores before its P·V, so no warp waits for another's P·V.
-template <class C, class Visible>
-__device__ __forceinline__ void warp_softmax_tile(AttnState<C>& st, char* smem, float (&s)[C::M_TILES][C::BN / 8][4],
-                                                  const char* kt, int tile, int num_keys, const Visible& visible,
-                                                  const WarpCoords& w, int row_block) {
-    const float* s_part = reinterpret_cast<const float*>(smem + C::S_OFF);
-    // a prefix tile of BN keys: every row sees every key (warp-uniform)
-    const bool whole_prefix_tile = sees_every_key<Visible> && (tile + 1) * C::BN <= num_keys;
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-        for (int n = 0; n < C::BN / 8; ++n) {
-            const int r = w.wrow0 + mt * 16 + w.g, c = n * 8 + 2 * w.q4;
-            float sum[4] = {s[mt][n][0], s[mt][n][1], s[mt][n][2], s[mt][n][3]};
-#pragma unroll
-            for (int j = 1; j < C::DIM_GROUPS; ++j) {  // the other groups', from the next one on
-                const float* part = s_part + (((w.group + j) % C::DIM_GROUPS) * C::BM + r) * C::S_STRIDE + c;
-                const float2 lo = *reinterpret_cast<const float2*>(part);
-                const float2 hi = *reinterpret_cast<const float2*>(part + 8 * C::S_STRIDE);
-                sum[0] += lo.x; sum[1] += lo.y; sum[2] += hi.x; sum[3] += hi.y;
-            }
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int key = tile * C::BN + c + k % 2;
-                const bool seen = whole_prefix_tile || (key < num_keys && visible(r + 8 * (k / 2), key));
-                s[mt][n][k] = seen ? sum[k] * st.score_scale : neg_inf();
-            }
-        }
-    __syncwarp();
-    if (w.lane == 0) mbar_arrive(scores_read<C>(smem, row_block));
-    unsigned pf[C::M_TILES][C::BN / 16][4];
-#pragma unroll
-    for (int mt = 0; mt < C::M_TILES; ++mt) {
-        float alpha[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float tile_max = neg_inf();
-#pragma unroll
-            for (int n = 0; n < C::BN / 8; ++n) tile_max = fmaxf(tile_max, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-            if (__any_sync(0xffffffffu, tile_max > st.wrow_max[mt][h] + C::MAX_SLACK)) {  // warp-uniform
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-                tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-            }
-            const SoftmaxStep step = online_softmax_step<C::MAX_SLACK>(st.wrow_max[mt][h], tile_max);
-            float tile_sum = 0.f;
-#pragma unroll
-            for (int n = 0; n < C::BN / 8; ++n)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    s[mt][n][2 * h + e] = exp2_fast(s[mt][n][2 * h + e] - step.ref);
-                    tile_sum += s[mt][n][2 * h + e];
-                }
-            st.wrow_sum[mt][h] = st.wrow_sum[mt][h] * step.alpha + tile_sum;
-            alpha[h] = step.alpha;
-        }
-        if (!__all_sync(0xffffffffu, alpha[0] == 1.f && alpha[1] == 1.f)) {
-#pragma unroll
-            for (int n = 0; n < C::DV_G / 8; ++n) {
-                st.o_acc[mt][n][0] *= alpha[0]; st.o_acc[mt][n][1] *= alpha[0];
-                st.o_acc[mt][n][2] *= alpha[1]; st.o_acc[mt][n][3] *= alpha[1];
-            }
-        }
-#pragma unroll
-        for (int ks = 0; ks < C::BN / 16; ++ks) {
-            pf[mt][ks][0] = pack_bf16x2(s[mt][2 * ks][0], s[mt][2 * ks][1]);
-            pf[mt][ks][1] = pack_bf16x2(s[mt][2 * ks][2], s[mt][2 * ks][3]);
-            pf[mt][ks][2] = pack_bf16x2(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
-            pf[mt][ks][3] = pack_bf16x2(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
-        }
-    }
-    const auto held_p = [&](unsigned (&out)[C::M_TILES][1][4], int key0) {
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) out[mt][0][k] = pf[mt][key0 / 16][k];
-    };
-    pv_tile<C>(st, held_p, kt, w, 0.f);
+    pv_tile<C>(st, smem + C::P_OFF + copy * C::BM * C::P_STRIDE, kt, w, v_ratio);
 }
 
 // Compute warps: attend over the staged tiles, continuing the online softmax in `st`. Per tile:
@@ -811,31 +680,17 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
     float* s_part = reinterpret_cast<float*>(smem + C::S_OFF);
     const WarpCoords w = WarpCoords::of<C>();
     // This warp's row block: the DIM_GROUPS warps whose partial scores and probabilities it shares.
-    const int row_block = w.wrow0 / C::WARP_ROWS, block_bar = C::ROW_BLOCK_BAR0 + row_block;
+    const int block_bar = C::ROW_BLOCK_BAR0 + w.wrow0 / C::WARP_ROWS;
 
     for (int tile = tile_begin; tile < tile_end; ++tile, ++st.ring_pos) {
-        float s_acc[C::M_TILES][C::BN / 8][4];
-        int stage;
-        if constexpr (C::WARP_SOFTMAX) {
-            stage = ring_wait_full<C>(smem, st.ring_pos);
-            const char* kt = smem + stage * C::BN * C::KV_STRIDE;
-            partial_scores<C>(s_acc, st, kt, w);
-            // the row block's warps have read the previous tile's partial scores
-            if (st.ring_pos > 0) mbar_wait(scores_read<C>(smem, row_block), (st.ring_pos - 1) & 1);
-            store_partial_scores<C>(s_acc, s_part, w);
-            named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-            warp_softmax_tile<C>(st, smem, s_acc, kt, tile, num_keys, visible, w, row_block);
-        } else {
-            const auto tile_visible = tile_visibility<C>(visible, tile, num_keys, w);
-            stage = ring_wait_full<C>(smem, st.ring_pos);
-            const char* kt = smem + stage * C::BN * C::KV_STRIDE;
-            partial_scores<C>(s_acc, st, kt, w);
-            store_partial_scores<C>(s_acc, s_part, w);
-            named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-            softmax_tile<C>(smem, st, kt, tile, num_keys, tile_visible, w);
-            named_barrier(block_bar, C::ROW_BLOCK_THREADS);
-            rescale_and_pv<C>(smem, st, kt, w);
-        }
+        const auto tile_visible = tile_visibility<C>(visible, tile, num_keys, w);
+        const int stage = ring_wait_full<C>(smem, st.ring_pos);
+        const char* kt = smem + stage * C::BN * C::KV_STRIDE;
+        partial_scores<C>(st, kt, s_part, w);
+        named_barrier(block_bar, C::ROW_BLOCK_THREADS);
+        softmax_tile<C>(smem, st, kt, tile, num_keys, tile_visible, w);
+        named_barrier(block_bar, C::ROW_BLOCK_THREADS);
+        rescale_and_pv<C>(smem, st, kt, w);
         if constexpr (C::CLUSTER > 1) {  // this warp is done with the stage: lane r tells CTA r
             __syncwarp();
             if (w.lane < C::CLUSTER) mbar_arrive_cluster(ring_empty<C>(smem, stage), w.lane);
@@ -863,44 +718,26 @@ template <class C, class PartO>
 __device__ __forceinline__ void attend_end(char* smem, const AttnState<C>& st, PartO* __restrict__ part_o,
                                            float* __restrict__ part_lse) {
     if (is_producer<C>()) return;  // its last copies were consumed: nothing of it is pending
+    float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
     const WarpCoords w = WarpCoords::of<C>();
-    float il[C::M_TILES][2];  // 1/l (times the output's scale) of this lane's rows g, g + 8 of each 16-row tile
-    if constexpr (C::WARP_SOFTMAX) {  // a quad of lanes holds a row: its sum, and the lse from group 0's warp
+    float row_sum = st.row_sum;
 #pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
+    for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
+    if (threadIdx.x % C::RED_THREADS == 0) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float row_sum = st.wrow_sum[mt][h];
-                row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 1);
-                row_sum += __shfl_xor_sync(0xffffffffu, row_sum, 2);
-                il[mt][h] = row_inv_l(row_sum, st.out_scale);
-                if (w.group == 0 && w.q4 == 0) part_lse[w.wrow0 + mt * 16 + w.g + 8 * h] = row_lse(st.wrow_max[mt][h], row_sum);
-            }
-    } else {
-        float* inv_l_smem = reinterpret_cast<float*>(smem + C::INV_L_OFF);
-        float row_sum = st.row_sum;
-#pragma unroll
-        for (int off = 1; off < C::RED_THREADS; off *= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, off);
-        if (threadIdx.x % C::RED_THREADS == 0) {
-#pragma unroll
-            for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows, scales in P: group gi's O is in units of its reference
-                // (kv_scale is 1 for scaled rows, so their out_scale is 1 / P_SCALE: no register for it through the loop)
-                inv_l_smem[gi * C::BM + w.red_row] =
-                    row_inv_l(row_sum, C::KV_SCALED ? (C::V_SCALED ? 1.f : block_ref(st, gi)) / C::P_SCALE : st.out_scale);
-            part_lse[w.red_row] = row_lse(st.row_max, row_sum);
-        }
-        named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
-        const float* my_inv_l = inv_l_smem + (C::P_COPIES > 1 ? w.group : 0) * C::BM;
-        const float v_ref = C::V_SCALED ? __int_as_float(st.v_exp << 23) : 1.f;  // scaled rows, scales in V: O is in units of R
-#pragma unroll
-        for (int mt = 0; mt < C::M_TILES; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) il[mt][h] = my_inv_l[w.wrow0 + mt * 16 + w.g + 8 * h] * v_ref;
+        for (int gi = 0; gi < C::P_COPIES; ++gi)  // scaled rows, scales in P: group gi's O is in units of its reference
+            // (kv_scale is 1 for scaled rows, so their out_scale is 1 / P_SCALE: no register for it through the loop)
+            inv_l_smem[gi * C::BM + w.red_row] =
+                row_inv_l(row_sum, C::KV_SCALED ? (C::V_SCALED ? 1.f : block_ref(st, gi)) / C::P_SCALE : st.out_scale);
+        part_lse[w.red_row] = row_lse(st.row_max, row_sum);
     }
+    named_barrier(C::CONSUMERS_BAR, C::CONSUMERS);
+    const float* my_inv_l = inv_l_smem + (C::P_COPIES > 1 ? w.group : 0) * C::BM;
+    const float v_ref = C::V_SCALED ? __int_as_float(st.v_exp << 23) : 1.f;  // scaled rows, scales in V: O is in units of R
 #pragma unroll
     for (int mt = 0; mt < C::M_TILES; ++mt) {
         const int r = w.wrow0 + mt * 16 + w.g;
-        const float il_lo = il[mt][0], il_hi = il[mt][1];
+        const float il_lo = my_inv_l[r] * v_ref, il_hi = my_inv_l[r + 8] * v_ref;
         PartO* lo = part_o + r * C::DV;
         PartO* hi = part_o + (r + 8) * C::DV;
 #pragma unroll

@@ -386,9 +386,8 @@ def test_kv_dtype_and_scale_errors_name_the_argument(module_for, cuda, seed, spe
 # Every tiling kgen tune may pick for sm_120 (both mma.sync loop designs), whatever the plan of the
 # run: the heuristic sm_120 plan is one of them, the others run only here.
 SM120_TILINGS = ["mma_sync:32,32,2,2,1", "mma_sync:32,16,2,4,1", "mma_sync:32,32,2,2,1,2", "mma_sync:32,32,2,2,1,4",
-                 "mma_sync:32,16,2,4,1,4", "mma_sync:16,32,1,2,1", "mma_sync:32,32,2,2,1,1,1,0,1",
-                 "mma_sync:32,32,2,2,1,2,1,0,1", "mma_sync:32,16,2,4,1,1,1,0,1", "mma_sync:16,32,1,2,1,1,1,0,1",
-                 "overlap:16,4,1,1", "overlap:16,4,0,1", "overlap:32,2,0,1"]
+                 "mma_sync:32,16,2,4,1,4", "mma_sync:16,32,1,2,1", "overlap:16,4,1,1", "overlap:16,4,0,1",
+                 "overlap:32,2,0,1"]
 _TILED: dict = {}  # (spec, arch, tiles) -> module, compiled once per session
 
 

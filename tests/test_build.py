@@ -77,29 +77,6 @@ def test_the_dsa_rows_block_scales_enter_v_on_sm90_and_p_on_sm120(cache):
 
 
 @pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
-def test_the_softmax_in_every_warp_compiles_without_spills_and_one_barrier_a_tile(arch, cache):
-    """mma_sync tilings with WARP_SOFTMAX (bf16 rows): every warp runs its rows' softmax from the row
-    block's partial scores and feeds P·V from registers, so a tile's loop has one row-block barrier
-    where the reducers' form has two, and no P through shared memory (bench/NOTES.md v110)."""
-    spec = kgen.load_spec(ROOT / "specs" / "glm5_sm120.yaml")
-    reducers = MmaSyncTiles(32, 32, 2, 2)
-    for tiles in (reducers, replace(reducers, warp_softmax=1)):
-        p = plan(spec, "sm_120", tiles)
-        [b] = build(p.__class__(p.spec, p.arch, p.tiles, (p.variant("verify_attn"),), p.budget), [arch], cache)
-        assert b.report.spill_bytes == 0 and b.smem_bytes <= SM120_SMEM, (tiles, b.report)
-        loop = sass.tile_loop(sass.dump(b.cubin))
-        barriers = sum(n for op, n in loop.items() if op.startswith("BAR.SYNC"))
-        assert barriers == (1 if tiles.warp_softmax else 2), (tiles, loop)
-        assert (loop["LDSM.16.M88.4"] < 20) == bool(tiles.warp_softmax), loop  # P's ldmatrix gone: Q·K's only
-
-
-def test_the_softmax_in_every_warp_refuses_fp8_rows():
-    fp8 = kgen.load_spec(ROOT / "specs" / "glm5_fp8_sm120.yaml")
-    with pytest.raises(PlanError, match="WARP_SOFTMAX 1: bf16 rows only"):
-        plan(fp8, "sm_120", MmaSyncTiles(32, 32, 2, 2, warp_softmax=1))
-
-
-@pytest.mark.parametrize("arch", ["sm_120", "sm_90"])
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
 def test_the_sm120_plan_in_clusters_compiles_without_spills(path, arch, cache):
     """The tiling an H200 runs the sm_120 plan in for batches of several row tiles a request

@@ -83,10 +83,9 @@ def test_tiles_text_round_trips_and_bad_text_names_the_forms():
     assert designs.text(MmaSyncTiles(32, 32, 2, 2, 1, 4)) == "mma_sync:32,32,2,2,1,4"  # a cluster only when one
     assert parse_tiles("mma_sync:32,32,2,3,1,1,0") == MmaSyncTiles(32, 32, 2, 3, 1, 1, scales_in_v=0)
     assert parse_tiles("mma_sync:32,32,2,4,1,1,1,1") == MmaSyncTiles(32, 32, 2, 4, 1, 1, q_apart=1)
-    assert parse_tiles("mma_sync:32,32,2,2,1,2,1,0,1") == MmaSyncTiles(32, 32, 2, 2, 1, 2, warp_softmax=1)
-    for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2", "mma_sync:32,32,2,2", "mma_sync:32,32,2,2,1,4,1,1,1,1"):
+    for bad in ("wgmma:32", "mma_sync:32,32,2,x,1", "sparse:1,2", "mma_sync:32,32,2,2", "mma_sync:32,32,2,2,1,4,1,1,1"):
         with pytest.raises(TuningError, match="seesaw:BN,STAGES,MIN_BLOCKS or wgmma:BN,STAGES,MIN_BLOCKS or "
-                                              "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS\\[,CLUSTER\\]\\[,SCALES_IN_V\\]\\[,Q_APART\\]\\[,WARP_SOFTMAX\\] or overlap:BN,STAGES,AHEAD,MIN_BLOCKS"):
+                                              "mma_sync:BM,BN,WARPS_M,STAGES,MIN_BLOCKS\\[,CLUSTER\\]\\[,SCALES_IN_V\\]\\[,Q_APART\\] or overlap:BN,STAGES,AHEAD,MIN_BLOCKS"):
             parse_tiles(bad)
 
 

@@ -45,10 +45,6 @@ class MmaSyncTiles:
     # 1: Q's tile after the barriers, apart from the KV ring (the sparse kernels, where shared memory
     # allows: their copies of Q then overlap the key list's build, which holds the ring), or 0: in the ring
     q_apart: int = 0
-    # 1: every warp runs the softmax of its own rows and keys from the row block's partial scores and
-    # multiplies P from registers, one barrier a tile (bf16 rows; templates/attention.cuh
-    # warp_softmax_tile), or 0: each row's reducers, P through shared memory, two barriers a tile
-    warp_softmax: int = 0
 
     design: ClassVar[str] = "mma_sync"
 
@@ -71,13 +67,11 @@ class MmaSyncTiles:
         check(not (self.bm % 16 or self.bm % self.warps_m or (self.bm // self.warps_m) % 16 or self.bn % 16
                    or self.bn % k_step or (self.bm * q_stride > ring and not self.q_apart)
                    or self.cluster not in (1, 2, 4, 8) or self.bn % self.cluster or self.scales_in_v not in (0, 1)
-                   or self.q_apart not in (0, 1) or self.warp_softmax not in (0, 1)
-                   or (self.warp_softmax and (elem != 2 or spec.cache.per_block))),
+                   or self.q_apart not in (0, 1)),
               f"attention tiles {self}: need BM a multiple of 16, BN a multiple of 16 and of {k_step} "
               f"(one MMA k-step of {spec.cache.kv_dtype}), whole 16-row tiles per warp, "
               f"Q ({self.bm * q_stride} B) within the KV staging buffers ({ring} B), "
-              f"clusters of 1, 2, 4 or 8 CTAs that split BN, SCALES_IN_V, Q_APART and WARP_SOFTMAX 0 or 1 "
-              f"(WARP_SOFTMAX 1: bf16 rows only)")
+              f"clusters of 1, 2, 4 or 8 CTAs that split BN, and SCALES_IN_V and Q_APART 0 or 1")
         s_stride = self.bn + S_ROW_PAD  # floats
         p_stride = self.bn * P_BYTES[spec.cache.mma_type] + ROW_PAD
         s_off = ring
@@ -90,7 +84,7 @@ class MmaSyncTiles:
         return {"KV_STRIDE": kv_stride, "Q_STRIDE": q_stride, "S_STRIDE": s_stride, "P_STRIDE": p_stride,
                 "RING_BYTES": ring, "S_OFF": s_off, "P_OFF": p_off, "ALPHA_OFF": alpha_off, "INV_L_OFF": inv_l_off,
                 "BAR_OFF": bar_off, "Q_OFF": q_off, "SMEM_BYTES": q_off + self.bm * q_stride if self.q_apart else bar_end,
-                "SCALES_IN_V": int(self.v_scaled(spec)), "WARP_SOFTMAX": self.warp_softmax,
+                "SCALES_IN_V": int(self.v_scaled(spec)),
                 "SCRATCH_OFF": s_off}  # the schedule's scratch: the partial scores are free until the first tile
 
     def smem_bytes(self, spec: Spec) -> int:
