@@ -132,16 +132,26 @@ PATCHES = {
          "        mbar_init_fence();\n    }\n    __syncthreads();\n    KGEN_TRACE(8);\n    st.ring_pos = 0;\n"),
         ("    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n",
          "    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n    KGEN_TRACE(4);\n"),
-        ("    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n",
-         "    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n"
+        ("    attend_range<C, true>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n",
+         "    attend_range<C, true>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n"
          "    KGEN_TRACE(5);\n"),
-        ("        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n",
-         "        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n"
+        ("        attend_range<C, false>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n",
+         "        attend_range<C, false>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n"
          "    KGEN_TRACE(6);\n"),
+        # the tile timeline: when thread 0 has each of a CTA's first TIMELINE tiles (its full-barrier wait
+        # done), and when the producer warp has issued each one's copies
+        ("        const int stage = ring_wait_full<C>(smem, st.ring_pos);\n",
+         "        const int stage = ring_wait_full<C>(smem, st.ring_pos);\n        KGEN_TRACE_TILE(0, st.ring_pos, 0);\n"),
+        ("            bulk_copy(dst, keys.row(row.j, row.fetched), C::KV_ROW, ring_full<C>(smem, stage));\n        }\n    }\n}\n",
+         "            bulk_copy(dst, keys.row(row.j, row.fetched), C::KV_ROW, ring_full<C>(smem, stage));\n        }\n"
+         "        __syncwarp();\n        KGEN_TRACE_TILE(TIMELINE, st.ring_pos, C::CONSUMERS);\n    }\n}\n"),
     ),
 }
 POINTS = 16
-WAITS = 16  # the seesaw pair's accumulators (consumer 0: 0-7, consumer 1: 8-14, pairs: 15)
+# the seesaw pair's accumulators (consumer 0: 0-7, consumer 1: 8-14, pairs: 15), or the mma.sync loop's
+# tile timeline (0-6: thread 0 has tile i, 7-13: the producer issued tile i's copies)
+WAITS = 16
+TIMELINE = 7  # tiles a CTA's timeline follows
 STRIDE = 2 * POINTS + WAITS  # words a CTA
 TRACE_CTAS = 4096  # the most CTAs a traced call may have
 TRACE_BYTES = TRACE_CTAS * STRIDE * 8
@@ -163,9 +173,13 @@ __device__ unsigned long long* kgen_trace_base;
 #define KGEN_TRACE_WAIT(W, ...) do { const long long c0_ = clock64(); __VA_ARGS__; \\
     if (threadIdx.x % 128 == 0 && kgen_trace_base) \\
         atomicAdd(kgen_trace_base + blockIdx.x * STRIDE + 2 * POINTS + (W), (unsigned long long)(clock64() - c0_)); } while (0)
+#define KGEN_TRACE_TILE(BASE, POS, T) do { if (threadIdx.x == (T) && kgen_trace_base && (POS) < TIMELINE) { \\
+    unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\
+    kgen_trace_base[blockIdx.x * STRIDE + 2 * POINTS + (BASE) + (POS)] = g_; } } while (0)
 #define KGEN_TRACE_COUNT(W) do { if (threadIdx.x % 128 == 0 && kgen_trace_base) \\
     atomicAdd(kgen_trace_base + blockIdx.x * STRIDE + 2 * POINTS + (W), 1ull); } while (0)
 constexpr int TRACE_CTAS = """ + str(TRACE_CTAS) + """, POINTS = """ + str(POINTS) + """, STRIDE = """ + str(STRIDE) + """;
+constexpr int TIMELINE = """ + str(TIMELINE) + """;
 """
 
 
@@ -227,6 +241,14 @@ def summary(trace: torch.Tensor, kernel_us: float, phases=PHASES) -> list[str]:
     ghz = [(r[POINTS + 2] - r[POINTS + 1]) / (r[2] - r[1]) for r in with_item if r[2] > r[1]]
     if ghz:  # cycles per ns between a CTA's item and its end: what converts the cycle counts
         lines.append(f"SM clock, GHz (clock64 over globaltimer, item -> attended): {spread(ghz)}")
+    timeline = [r for r in with_item if r[2 * POINTS] and not r[2 * POINTS + 15] and r[4]]  # mma.sync CTAs
+    if timeline:
+        def after_q(slot: int) -> str:
+            values = [(r[2 * POINTS + slot] - r[4]) / 1e3 for r in timeline if r[2 * POINTS + slot]]
+            return f"{statistics.median(values):.2f}" if values else "-"
+        lines.append("tile timeline, us after Q is in registers (median over CTAs), tile 0.."
+                     f"{TIMELINE - 1}: copies issued " + " ".join(after_q(TIMELINE + i) for i in range(TIMELINE))
+                     + "; thread 0 has it " + " ".join(after_q(i) for i in range(TIMELINE)))
     waits = [r[2 * POINTS:] for r in with_item if r[2 * POINTS + 15]]  # CTAs that ran seesaw pairs
     if waits:
         lines.append(f"seesaw pairs a CTA: median {statistics.median(w[15] for w in waits):.0f}")
