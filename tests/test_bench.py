@@ -189,7 +189,9 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
     """bench/cta_trace.py patches copies of the attention headers: its anchors must still be there,
     and the traced verify kernels must compile (NVRTC, sm_90) with their points' timer and clock reads:
     5 in the seesaw loop (the sm_90 plan), 9 in the mma.sync loop (the sm_120 plan), 16 in the sparse
-    verify kernel of both plans (on the mma.sync loop, with the schedule's, Q's copies and the key list's)."""
+    verify kernel of both plans (on the mma.sync loop, with the schedule's, Q's copies and the key list's),
+    and the mma.sync loop's tile timeline (a timer read where each tile is had, and where the producer
+    has issued one: 12 sites as ptxas inlines them in the dense kernel, 8 in the sparse one)."""
     from bench import cta_trace
     from kgen import render, sass
     from kgen.build import build_variant
@@ -200,17 +202,19 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
     traced = cta_trace.traced_headers()()
     assert sum(traced[name].count("KGEN_TRACE(") for name in cta_trace.PATCHES) == 20
     assert sum(traced[name].count("KGEN_TRACE_AT(") for name in cta_trace.PATCHES) == 4
+    assert sum(traced[name].count("KGEN_TRACE_TILE(") for name in cta_trace.PATCHES) == 2
     assert not any("KGEN_TRACE" in text for text in plain.values())
     assert render.headers() == plain  # the checkout's headers are untouched
     monkeypatch.setattr(render, "headers", cta_trace.traced_headers())
     spec = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_sm120.yaml")
     sparse = kgen.load_spec(Path(__file__).parent.parent / "specs" / "glm5_dsa_sm120.yaml")
     # (the seesaw loop's: its consumer points once per consumer role, and the ring's set-up)
-    for spec, kernel, arch, points in ((spec, "verify_attn", "sm_90", 14), (spec, "verify_attn", "sm_120", 9),
-                                       (sparse, "sparse_verify_attn", "sm_90", 16),
-                                       (sparse, "sparse_verify_attn", "sm_120", 16)):
+    for spec, kernel, arch, points, timeline in ((spec, "verify_attn", "sm_90", 14, 0),
+                                                 (spec, "verify_attn", "sm_120", 9, 12),
+                                                 (sparse, "sparse_verify_attn", "sm_90", 16, 8),
+                                                 (sparse, "sparse_verify_attn", "sm_120", 16, 8)):
         disasm = sass.dump(build_variant(plan(spec, arch).variant(kernel), "sm_90", KernelCache(tmp_path)).cubin)
-        assert disasm.count("GLOBALTIMER") == points and disasm.count("SR_CLOCK") >= points, (kernel, arch)
+        assert disasm.count("GLOBALTIMER") == points + timeline and disasm.count("SR_CLOCK") >= points, (kernel, arch)
 
 
 def test_cta_trace_summary_reads_each_ctas_points():
