@@ -132,11 +132,11 @@ PATCHES = {
          "        mbar_init_fence();\n    }\n    __syncthreads();\n    KGEN_TRACE(8);\n    st.ring_pos = 0;\n"),
         ("    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n",
          "    attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);\n    KGEN_TRACE(4);\n"),
-        ("    attend_range<C, true>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n",
-         "    attend_range<C, true>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n"
+        ("    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n",
+         "    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);\n"
          "    KGEN_TRACE(5);\n"),
-        ("        attend_range<C, false>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n",
-         "        attend_range<C, false>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n"
+        ("        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n",
+         "        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);\n"
          "    KGEN_TRACE(6);\n"),
         # the tile timeline: when thread 0 has each of a CTA's first TIMELINE tiles (its full-barrier wait
         # done), and when the producer warp has issued each one's copies

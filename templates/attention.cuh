@@ -567,43 +567,6 @@ __device__ __forceinline__ void stage_range(char* smem, AttnState<C>& st, const 
     }
 }
 
-// How many tiles after a range's first the compute warps stage (stage_helped): a warp issues its
-// lanes' bulk copies one after another (~90 cycles a row on an H100), so the producer alone takes
-// ~1.6 us a tile of 32 rows, and a short range's CTA waits for each tile in turn (bench/NOTES.md
-// s53b). While the ring's stages are still unfilled (the first range starts it) the compute warps have
-// nothing else to do: they stage tiles 1 .. STAGES - 1 (each tile's rows over all of them), the
-// producer tile 0 and those from STAGES on. Not where pages hold whole tiles (a tile is one tensor
-// copy), nor in a cluster.
-template <class Keys>
-constexpr bool helped_staging = true;  // row sources whose ranges may be helped (a specialization says no)
-template <class C, class Keys>
-__device__ __forceinline__ int helped_tiles(const AttnState<C>& st, int tile_begin, int tile_end) {
-    constexpr int WARPS = C::CONSUMERS / 32;
-    constexpr bool whole_pages = tiles_in_pages<Keys, C::BN> && C::TILE_COPIES;  // a full tile is one tensor copy
-    if (!helped_staging<Keys> || whole_pages || C::CLUSTER > 1 || st.ring_pos != 0) return 0;
-    return max(0, min(min(C::STAGES, tile_end - tile_begin) - 1, 32 * WARPS / C::BN));
-}
-
-// Compute warps: stage tiles tile_begin + 1 .. + helped into their (unfilled) ring stages. Lanes
-// [k * LANES, (k + 1) * LANES) of every warp copy rows of tile 1 + k, so each warp issues the first
-// helped tile's rows first; thread 0 announces each tile's bytes.
-template <class C, class Keys>
-__device__ __forceinline__ void stage_helped(char* smem, const AttnState<C>& st, const Keys& keys, int num_keys,
-                                             int tile_begin, int helped) {
-    constexpr int WARPS = C::CONSUMERS / 32, LANES = C::BN / WARPS;  // a tile's rows in each warp
-    static_assert(C::BN % WARPS == 0, "a tile's rows spread evenly over the compute warps");
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, k = lane / LANES;
-    if (threadIdx.x == 0)
-        for (int i = 1; i <= helped; ++i)
-            mbar_arrive_expect_tx(ring_full<C>(smem, (st.ring_pos + i) % C::STAGES), C::BN * C::KV_ROW);
-    if (k < helped) {
-        const int row = (lane % LANES) * WARPS + warp, stage = (st.ring_pos + 1 + k) % C::STAGES;
-        const PendingRow r = fetch_row<C::BN>(tile_begin + 1 + k, row, num_keys, keys);
-        bulk_copy(smem + (stage * C::BN + row) * C::KV_STRIDE, keys.row(r.j, r.fetched), C::KV_ROW,
-                  ring_full<C>(smem, stage));
-    }
-}
-
 // 1. This warp's partial scores over its group's key dims of staged tile `kt`, into s_part
 // [group][row][key] for the row block's reducers.
 template <class C>
@@ -739,26 +702,14 @@ __device__ __forceinline__ void consume_range(char* smem, AttnState<C>& st, int 
 
 // Attend over key rows [tile_begin*BN, tile_end*BN) of a range of num_keys keys, continuing the
 // online softmax in `st` (so several ranges — a prefix split, then the tree — form one state).
-// Every thread of the CTA calls it: the producer warp stages the tiles (the compute warps the first
-// few of the first range, where it starts the ring: helped_tiles), the others consume them.
+// Every thread of the CTA calls it: the producer warp stages the tiles, the others consume them.
 //   keys:          row source of the key/value rows of the range (rows < num_keys)
 //   visible(r, t): whether query row r sees key t < num_keys
-template <class C, bool FIRST, class Keys, class Visible>
+template <class C, class Keys, class Visible>
 __device__ __forceinline__ void attend_range(char* smem, AttnState<C>& st, const Keys& keys, int num_keys,
                                              Visible visible, int tile_begin, int tile_end) {
-    const int helped = FIRST ? helped_tiles<C, Keys>(st, tile_begin, tile_end) : 0;
-    if (is_producer<C>()) {
-        if (helped == 0) {
-            stage_range<C>(smem, st, keys, num_keys, tile_begin, tile_end);
-        } else {  // the first tile, then those after the helped ones
-            stage_range<C>(smem, st, keys, num_keys, tile_begin, tile_begin + 1);
-            st.ring_pos += helped;
-            stage_range<C>(smem, st, keys, num_keys, tile_begin + 1 + helped, tile_end);
-        }
-    } else {
-        stage_helped<C>(smem, st, keys, num_keys, tile_begin, helped);
-        consume_range<C>(smem, st, num_keys, visible, tile_begin, tile_end);
-    }
+    if (is_producer<C>()) stage_range<C>(smem, st, keys, num_keys, tile_begin, tile_end);
+    else consume_range<C>(smem, st, num_keys, visible, tile_begin, tile_end);
 }
 
 // Normalize and write the partial state: part_o[BM][DV] (fp32, or bf16: PartO) and part_lse[BM]
@@ -816,10 +767,10 @@ __device__ __forceinline__ void attend(char* smem, const QRows& q_rows, int num_
                                        float* __restrict__ part_lse) {
     AttnState<C> st;
     attend_begin<C>(smem, st, q_rows, num_rows, scale_log2, kv_scale);
-    attend_range<C, true>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);
+    attend_range<C>(smem, st, first.keys, first.num_keys, first.visible, first.tile_begin, first.tile_end);
     const auto second = second_fn();
     if constexpr (is_key_range<decltype(second_fn())>)
-        attend_range<C, false>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
+        attend_range<C>(smem, st, second.keys, second.num_keys, second.visible, second.tile_begin, second.tile_end);
     attend_end<C>(smem, st, part_o, part_lse);
     if constexpr (C::CLUSTER > 1) cluster_sync();  // no CTA exits while peers may still arrive on its barriers
 }

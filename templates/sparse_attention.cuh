@@ -51,12 +51,6 @@ struct ListRows {
     __device__ __forceinline__ const char* row(int, int slot) const { return kv_cache + (long long)slot * ROW_BYTES; }
 };
 
-// The union's own key list is not helped in staging its first tiles (attention.cuh helped_tiles): its
-// kernel has no registers to spare (ptxas spills 8-36 B of the DSA rows' union with it), and a union
-// CTA runs where its tiles are many (batches), the gather's where they are few.
-template <int ROW_BYTES>
-constexpr bool helped_staging<ListRows<ROW_BYTES>> = false;
-
 // Row r of the CTA sees key j when its token's bit is set in key j's mask (bit 0: token0). The
 // masks are found as the kernel's lists argument plus a 32-bit index of its words (a step whose
 // lists would reach 2^32 words is refused: kgen/sparse.py): the argument stays in the constant bank,
