@@ -162,20 +162,25 @@ MACRO = """
 // callees. KGEN_TRACE_WAIT adds
 // the cycles its statement took to accumulator W (word 2 POINTS + W), from the first thread of each
 // warpgroup (a seesaw consumer's: the producer never runs them); KGEN_TRACE_COUNT counts in one.
+// KGEN_TRACE_TILE: thread T writes the global timer at ring position POS < TIMELINE into word
+// 2 POINTS + BASE + POS (the mma.sync loop's tile timeline).
 __device__ unsigned long long* kgen_trace_base;
+__device__ __forceinline__ unsigned long long kgen_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
 #define KGEN_TRACE_START(part_o) do { if (threadIdx.x == 0) \\
     kgen_trace_base = reinterpret_cast<unsigned long long*>(part_o) - TRACE_CTAS * STRIDE; KGEN_TRACE(0); } while (0)
 #define KGEN_TRACE(P) KGEN_TRACE_AT(P, 0)
 #define KGEN_TRACE_AT(P, T) do { if (threadIdx.x == (T) && kgen_trace_base) { /* none: split_schedule */ \\
     unsigned long long* t_ = kgen_trace_base + blockIdx.x * STRIDE; \\
-    unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\
-    t_[P] = g_; t_[POINTS + (P)] = clock64(); } } while (0)
+    t_[P] = kgen_globaltimer(); t_[POINTS + (P)] = clock64(); } } while (0)
 #define KGEN_TRACE_WAIT(W, ...) do { const long long c0_ = clock64(); __VA_ARGS__; \\
     if (threadIdx.x % 128 == 0 && kgen_trace_base) \\
         atomicAdd(kgen_trace_base + blockIdx.x * STRIDE + 2 * POINTS + (W), (unsigned long long)(clock64() - c0_)); } while (0)
-#define KGEN_TRACE_TILE(BASE, POS, T) do { if (threadIdx.x == (T) && kgen_trace_base && (POS) < TIMELINE) { \\
-    unsigned long long g_; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g_)); \\
-    kgen_trace_base[blockIdx.x * STRIDE + 2 * POINTS + (BASE) + (POS)] = g_; } } while (0)
+#define KGEN_TRACE_TILE(BASE, POS, T) do { if (threadIdx.x == (T) && kgen_trace_base && (POS) < TIMELINE) \\
+    kgen_trace_base[blockIdx.x * STRIDE + 2 * POINTS + (BASE) + (POS)] = kgen_globaltimer(); } while (0)
 #define KGEN_TRACE_COUNT(W) do { if (threadIdx.x % 128 == 0 && kgen_trace_base) \\
     atomicAdd(kgen_trace_base + blockIdx.x * STRIDE + 2 * POINTS + (W), 1ull); } while (0)
 constexpr int TRACE_CTAS = """ + str(TRACE_CTAS) + """, POINTS = """ + str(POINTS) + """, STRIDE = """ + str(STRIDE) + """;

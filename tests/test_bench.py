@@ -190,7 +190,7 @@ def test_cta_trace_points_compile_into_the_attention_kernels_and_leave_the_check
     and the traced verify kernels must compile (NVRTC, sm_90) with their points' timer and clock reads:
     5 in the seesaw loop (the sm_90 plan), 9 in the mma.sync loop (the sm_120 plan), 16 in the sparse
     verify kernel of both plans (on the mma.sync loop, with the schedule's, Q's copies and the key list's),
-    and the mma.sync loop's tile timeline (a timer read where each tile is had, and where the producer
+    and the mma.sync loop's tile timeline (a timer read where thread 0 has each tile, and where the producer
     has issued one: 8 sites as ptxas inlines them)."""
     from bench import cta_trace
     from kgen import render, sass
