@@ -21,7 +21,7 @@ import torch
 from . import checks, env
 from .kernels import SPARSE_COMBINE
 from .kvargs import KVArgs
-from .sparse_plan import MIN_CHUNK, PART_O_BYTES, list_capacity, tile_tokens
+from .sparse_plan import MIN_CHUNK, PART_O_BYTES, list_capacity, request_splits, tile_tokens, tree_apart
 from .splitkv import ceil_div, table_bytes
 
 _ALIGN = 256
@@ -96,7 +96,8 @@ def sparse_workspace_layout(k: SparseKernels, grid: int, batch: int, union: bool
 class SparseStep:
     """One batch of sparse verify, prepared by Module.prepare_sparse; run a layer with verify().
     union=False runs the per-token-gather variant (each token's list read on its own); union=None
-    picks the faster of the two for the batch (prefers_union). The kernel reads its work items from
+    picks the faster of the two for the batch (prefers_union). tree_apart: whether each row tile's
+    tree is a split of its own (kgen/sparse_plan.py tree_apart). The kernel reads its work items from
     a schedule table where its plan builds it so (kgen/sparse_plan.py NO_TABLE); schedule_table=False
     (a one-shot call) and KGEN_VALIDATE (whose kernels check the lengths as they find their items)
     keep none."""
@@ -140,9 +141,15 @@ class SparseStep:
         self._kv = KVArgs(spec, dev)
         self._kernel = kernels.union if union else kernels.gather
         self._union_slots = kernels.union_slots
+        max_chunk = UNBOUNDED if union else kernels.capacity
+        # Whether each row tile's tree is a split of its own (one request: its length is the step's,
+        # clamped at max_nodes as its kernels clamp it).
+        row_tiles, splits = request_splits(spec.model.num_q_heads, kernels.bm, min(self.num_tokens, spec.tree.nodes),
+                                           width, kernels.target, max_chunk)
+        self.tree_apart = tree_apart(batch, row_tiles, splits, kernels.target)
         schedule = dict(qo_indptr=self.qo_indptr, topk_width=width, batch=batch, target_ctas=kernels.target,
-                        min_chunk=MIN_CHUNK, max_chunk=UNBOUNDED if union else kernels.capacity,
-                        max_nodes=spec.tree.nodes, total_tokens=self.num_tokens)
+                        min_chunk=MIN_CHUNK, max_chunk=max_chunk, max_nodes=spec.tree.nodes, total_tokens=self.num_tokens,
+                        tree_apart=int(self.tree_apart))
         reads_table = self._kernel.variant.constants["SCHEDULE_TABLE"]  # kgen/sparse_plan.py reads_table
         self.schedule_table = base + table if schedule_table and reads_table and not self.validate and not self._empty \
             else 0

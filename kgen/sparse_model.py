@@ -17,7 +17,7 @@ from .arch import Arch, get_arch
 from . import kvrows
 from .model import Call, Floor, Item, Prediction, Shape, calibration, combine_shape, tile_work
 from .plan import plan
-from .sparse_plan import MIN_CHUNK, PART_O_BYTES, sparse_tiles, tile_tokens
+from .sparse_plan import MIN_CHUNK, PART_O_BYTES, sparse_tiles, tile_tokens, tree_apart
 from .splitkv import ceil_div
 from .variant import PlanContext
 from .spec import Spec
@@ -67,10 +67,15 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     splits = max(1, ceil_div(entries, chunk))
     keys = unions(spec, s, tokens) / splits  # a row tile's share of its split
     request_bytes = unions(spec, s, sh.T) / splits * kvrows.row_bytes(spec)
+    tree_tiles = ceil_div(sh.T, bn)
+    apart = tree_apart(sh.B, row_tiles, splits, target)  # then the tree is one more split
     items = []
     for split in range(splits):
-        tiles = max(1, ceil_div(round(keys), bn) + (ceil_div(sh.T, bn) if split == splits - 1 else 0))
+        tiles = max(1, ceil_div(round(keys), bn) + (tree_tiles if split == splits - 1 and not apart else 0))
         items += [Item(tiles, request_bytes / row_tiles / tiles)] * row_tiles
+    if apart:
+        items += [Item(tree_tiles, 0.0)] * row_tiles  # the tree's rows come from k_tree, not the cache
+        splits += 1
     work = tile_work(p, arch)
     all_items = tuple(items * sh.B)
     call = Call(spec, sh, arch, p, work, all_items, splits, *combine_shape(p, sh, arch, len(all_items), splits),

@@ -42,12 +42,31 @@ EARLY_MASKS = frozenset({("sm_120", "scaled")})
 # The sparse schedule's inputs but qo_indptr (templates/sparse_schedule.cuh SparseArgs): the sparse
 # kernels and sparse_schedule declare them alike.
 SCHEDULE_PARAMS = ("int topk_width", "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes",
-                   "int total_tokens")
+                   "int total_tokens", "int tree_apart")
 
 
 def tile_tokens(heads: int, bm: int) -> int:
     """Tokens a row tile of bm packed (token, head) rows touches (TILE_TOKENS)."""
     return bm // heads if bm % heads == 0 else (bm - 1) // heads + 2
+
+
+def request_splits(heads: int, bm: int, tokens: int, width: int, target: int, max_chunk: int) -> tuple[int, int]:
+    """(row tiles, splits of each row tile's prefix entries) the sparse schedule gives a batch of one
+    request of `tokens` tree tokens and lists `width` entries wide (templates/sparse_schedule.cuh
+    write_sparse_item)."""
+    row_tiles = -(-tokens * heads // bm)
+    entries = min(tokens, tile_tokens(heads, bm)) * width
+    slots = target - row_tiles if row_tiles < target else target
+    chunk = min(max_chunk, max(MIN_CHUNK, -(-row_tiles * entries // slots)))
+    return row_tiles, max(1, -(-entries // chunk))
+
+
+def tree_apart(batch: int, row_tiles: int, splits: int, target: int) -> bool:
+    """Whether each row tile's tree is a split of its own (SparseArgs::tree_apart) rather than riding
+    on its last split: for one request, where its row tiles' R (S + 1) items still fit the wave of
+    `target` CTAs. With the tree on it, the last split's CTA ended the call at B = 1 (the tree, up to
+    2.8 us on the H100 after its keys: bench/NOTES.md v112); batches have no such room."""
+    return batch == 1 and row_tiles * (splits + 1) <= target
 
 
 def sparse_tiles(c: PlanContext) -> MmaSyncTiles:

@@ -19,7 +19,8 @@
 //   no list is built (an entry naming no slot stages a zero row, masked).
 // The union's list goes to a global scratch region per CTA (LIST_KEYS keys: a row tile's entries,
 // which bound its distinct slots), built whole before the CTA attends it as one key range (the ring is
-// busy while the keys are read). The request's tree rides on its last split, as in verify_attn.
+// busy while the keys are read). The request's tree rides on its last split, as in verify_attn, or
+// for one request whose wave has room is a split of its own (SparseArgs::tree_apart).
 #pragma once
 #include "kgen/attention_kernels.cuh"
 #include "kgen/sparse_schedule.cuh"
@@ -518,7 +519,8 @@ __device__ __forceinline__ ListTileVisibility tile_visibility(const EntryVisible
     return {bits & static_cast<unsigned>((1ull << hi) - (1ull << lo))};
 }
 
-// A split's entries of its row tile's lists: [e0, e1) of the tile's tokens x width entries.
+// A split's entries of its row tile's lists: [e0, e1) of the tile's tokens x width entries (none for
+// the tree's own split, split == splits).
 __device__ __forceinline__ void split_entries(const SparseItem& item, int entries, int& e0, int& e1) {
     const int per = (entries + item.splits - 1) / item.splits;
     e0 = min(entries, item.split * per);  // per <= the schedule's max_chunk, or one token's entries
@@ -534,7 +536,7 @@ __device__ __forceinline__ void attend_item(char* smem, const bf16* q, float kv_
                                             float* part_lse, float scale_log2) {
     const ItemRows r = sparse_item_rows<C>(a, item);
     const auto keys = keys_of(r);
-    const bool last_split = item.split == item.splits - 1;
+    const bool last_split = item.split == item.splits - 1 + a.tree_apart;  // it attends the request's tree
     const auto tree = [&] { return tree_range<C, MASK_WORDS>(k_tree, request_mask, r, item.row_tile, last_split); };
     const auto attend_from = [&](const auto& q_rows) {  // StagedQ where copy_item_q started Q's copies
         attend<C>(smem, q_rows, r.rows, scale_log2, kv_scale, keys, tree, part_o + (long long)blockIdx.x * C::BM * C::DV,

@@ -13,7 +13,9 @@ namespace kgen {
 struct SparseArgs {
     const int* qo_indptr;
     const int* topk;  // [sum T, topk_width] slots, -1 = no key
-    int topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens, validate;
+    int topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens;
+    int tree_apart;  // 1: each row tile's tree is a split of its own (kgen/sparse.py tree_apart), else it rides on the last
+    int validate;
     int* error_flag;
     int4* req_meta;
     int* lists;  // per CTA: LIST_KEYS slots then LIST_KEYS masks
@@ -26,7 +28,8 @@ constexpr int TILE_TOKENS = BM % HEADS == 0 ? BM / HEADS : (BM - 1) / HEADS + 2;
 
 struct SparseItem {
     int b = -1;  // request, or -1: this CTA has no item
-    int split, splits, row_tile;
+    int split, splits, row_tile;  // splits: those that share the row tile's prefix entries (SparseArgs::tree_apart: and
+                                  // split == splits, which lists none, attends the tree alone)
 };
 
 // The item the schedule left in sc->found (every thread reads it after the schedule's last barrier).
@@ -45,10 +48,13 @@ __device__ __forceinline__ SparseItem found_item(const ScheduleScratch* sc) {
 // max(min_chunk, ceil(W / slots))) entries, W = sum R_b * E_b. The items number at most W / chunk
 // + sum R_b, so slots = target_ctas - sum R_b (where that is positive) keeps them within one wave of
 // target_ctas CTAs whatever the batch (else slots = target_ctas); the gather kernel caps a split at
-// one list's capacity. Items are ordered as the dense schedule's (split-major, row tile fastest),
-// and CTA 0 writes req_meta[b] = (first item, S_b, R_b, R_b) for the combine kernel (the third: the
-// stride between a row tile's splits). Every thread calls it. Not inlined: one call from the sparse
-// kernel, whose registers the tile loop needs.
+// one list's capacity. With tree_apart (the host's choice where R_b (S_b + 1) items still fit the
+// wave) a row tile has S_b + 1 splits, the last one the tree's alone: else the split that attends
+// the tree after its share of the keys ends the call (bench/NOTES.md v112). Items are ordered as the
+// dense schedule's (split-major, row tile fastest), and CTA 0 writes req_meta[b] = (first item, its
+// splits, R_b, R_b) for the combine kernel (the third: the stride between a row tile's splits).
+// Every thread calls it. Not inlined: one call from the sparse kernel, whose registers the tile loop
+// needs.
 template <int HEADS, int BM>
 __device__ __noinline__ void write_sparse_item(const SparseArgs a, ScheduleScratch* sc) {
     int* scan = sc->scan;
@@ -84,12 +90,12 @@ __device__ __noinline__ void write_sparse_item(const SparseArgs a, ScheduleScrat
         const int b = base + threadIdx.x;
         int row_tiles = 0, splits = 0;
         if (b < a.batch) splits = max(1LL, (shape(b, false, row_tiles) + chunk - 1) / chunk);
-        const int items = splits * row_tiles;
+        const int items = (splits + a.tree_apart) * row_tiles;
         int block_items;
         const int first = items_before + block_inclusive_sum(items, scan, &block_items) - items;
         items_before += block_items;
         if (b < a.batch) {
-            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits, row_tiles, row_tiles);
+            if (blockIdx.x == 0) a.req_meta[b] = make_int4(first, splits + a.tree_apart, row_tiles, row_tiles);
             const int local = static_cast<int>(blockIdx.x) - first;
             if (0 <= local && local < items) {
                 found[0] = b;
@@ -103,12 +109,11 @@ __device__ __noinline__ void write_sparse_item(const SparseArgs a, ScheduleScrat
     }
 }
 
-// The stamp of a sparse schedule: everything write_sparse_item's choice depends on but qo_indptr
-// (STAMP_WORDS, the last unused).
+// The stamp of a sparse schedule: everything write_sparse_item's choice depends on but qo_indptr.
 template <int HEADS, int BM>
 __device__ __forceinline__ void sparse_stamp(const SparseArgs& a, int (&w)[STAMP_WORDS]) {
     const int words[STAMP_WORDS] = {STAMP_MARK, a.batch,        a.target_ctas, a.min_chunk, a.max_chunk,    a.max_nodes,
-                                    a.total_tokens, a.topk_width, HEADS,         BM,          (int)gridDim.x, 0};
+                                    a.total_tokens, a.topk_width, HEADS,         BM,          (int)gridDim.x, a.tree_apart};
 #pragma unroll
     for (int i = 0; i < STAMP_WORDS; ++i) w[i] = words[i];
 }

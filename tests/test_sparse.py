@@ -114,6 +114,32 @@ def test_a_step_picks_the_union_kernel_unless_a_2_token_tile_gets_many_splits():
     assert all(prefers_union(kernels(32, 188), n) for n in (1, 16, 64))  # 4-token tiles (sm_120's): always
 
 
+def test_one_request_s_tree_is_a_split_of_its_own_where_the_wave_has_room():
+    """A one-request step gives each row tile's tree a split of its own where R (S + 1) items fit the
+    wave (bench/NOTES.md v112), by the schedule's split rule; a batch, or a request whose splits fill
+    the wave, keeps the tree on the last split."""
+    from test_step import stub_module
+
+    from kgen.sparse_plan import MIN_CHUNK
+
+    mod = stub_module("glm5_dsa_sm120", sm_count=132)  # the sm_120 plan: 32-row tiles of 4 tokens, one CTA an SM
+    k = mod._sparse_kernels()
+    assert (k.bm, k.target) == (32, 132)
+
+    def step(sizes, width=2048):
+        x = make_sparse_inputs(mod.spec, sizes, [5000] * len(sizes), width, generator=gen(0))
+        return mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
+
+    # T16: 4 row tiles of 4 tokens' 8,192 entries; chunk = 32,768 / 128 = 256 -> 32 splits; 4 x 33 = 132 fits
+    assert step([16]).tree_apart
+    # T64: 16 row tiles; chunk = ceil(131,072 / 116) = 1,130 -> 8 splits; 16 x 9 = 144 does not
+    assert not step([64]).tree_apart
+    # T1: one row tile of 2,048 entries; chunk = max(MIN_CHUNK, 2048 / 131) = 64 -> 32 splits
+    assert MIN_CHUNK == 64 and step([1]).tree_apart
+    assert not step([1, 1]).tree_apart  # a batch: no room is reserved for it
+    assert step([16], width=333).tree_apart  # K' = 333: 4 x (ceil(1332 / 64) + 1) = 88
+
+
 def test_a_default_step_and_its_workspace_follow_the_choice(seed):
     from test_step import stub_module
 
@@ -385,7 +411,8 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
         assert off_table - off_lists >= grid * 2 * (4 * 2048) * 4 if union else off_table == off_lists
         assert size - off_table >= table_bytes(grid, batch)
         rule = dict(qo_indptr=ptr(b.qo_indptr), topk_width=512, batch=batch, target_ctas=132, min_chunk=64,
-                    max_chunk=UNBOUNDED if union else cap, max_nodes=64, total_tokens=tokens)
+                    max_chunk=UNBOUNDED if union else cap, max_nodes=64, total_tokens=tokens,
+                    tree_apart=0)  # a batch: the trees ride on their last splits
         [(_, schedule_grid, _, schedule, _)] = writes
         table = base + off_table
         assert schedule_grid == grid and schedule == dict(**rule, table=table)

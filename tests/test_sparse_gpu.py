@@ -102,6 +102,26 @@ def test_sparse_verify_matches_the_reference(sparse_module, cuda, seed, spec_nam
 
 
 @pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
+def test_one_request_s_tree_as_a_split_of_its_own_and_on_the_last_split(sparse_module, cuda, seed, arch):
+    """One request of 1 or 16 tokens gets its row tiles' trees as splits of their own (the wave has
+    room: bench/NOTES.md v112), one of 64 keeps them on the last splits; all match the reference."""
+    mod = sparse_module("glm5_dsa_sm120", arch)
+    g = torch.Generator(cuda).manual_seed(seed)
+    apart = []
+    for tokens in (1, 16, 64):
+        x = make_sparse_inputs(mod.spec, [tokens], [30000], 2048, shared=0.7, holes=0.02, window=256, device=cuda,
+                               generator=g)
+        for union in (True, False):
+            step = mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=union)
+            apart.append(step.tree_apart)
+            run_and_check(mod, x, f"({arch or 'own'} plan) one request of {tokens}, union={union}, "
+                                  f"tree apart={step.tree_apart}", step=step)
+    # T1 always fits (33 items a wave); T16 fits exactly on 132 SMs (the H100 / H200: 8 x 33 = 264 items of
+    # 16-row tiles, 4 x 33 = 132 of 32-row ones); T64's splits fill the wave
+    assert apart[:2] == [True, True] and apart[-2:] == [False, False], apart
+
+
+@pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
 def test_random_batches_up_to_64_requests(sparse_module, cuda, seed, arch):
     mod = sparse_module("glm5_dsa_sm120", arch)
     rng, g = random.Random(seed), torch.Generator(cuda).manual_seed(seed)

@@ -34,7 +34,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__25e3522dccfd(
+extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__eb748cc7e022(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -49,6 +49,7 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576
     int max_chunk,
     int max_nodes,
     int total_tokens,
+    int tree_apart,
     int validate,
     int* __restrict__ error_flag,
     int4* __restrict__ req_meta,
@@ -61,8 +62,8 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_verify_attn__h8_d576
     kgen::sparse_attention<Cfg, true, 4096, 8192, false, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask},
-        kgen::SparseArgs{qo_indptr, topk_indices, topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes, total_tokens,
-                         validate, error_flag, req_meta, lists, num_slots},
+        kgen::SparseArgs{qo_indptr, topk_indices, topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes,
+                         total_tokens, tree_apart, validate, error_flag, req_meta, lists, num_slots},
         schedule_table,  // the step's schedule table, or none
         part_o, part_lse, 0.09016844005556021f);
 }
