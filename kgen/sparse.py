@@ -21,12 +21,11 @@ import torch
 from . import checks, env
 from .kernels import SPARSE_COMBINE
 from .kvargs import KVArgs
-from .sparse_plan import MIN_CHUNK, PART_O_BYTES, list_capacity, request_splits, tile_tokens, tree_apart
+from .sparse_plan import MIN_CHUNK, PART_O_BYTES, UNBOUNDED, list_capacity, request_splits, tile_tokens, tree_apart
 from .splitkv import ceil_div, table_bytes
 
 _ALIGN = 256
 _BF16 = (torch.bfloat16,)
-UNBOUNDED = (1 << 31) - 1  # the union kernel's splits have no size cap: a set that overflows runs in rounds
 # Where a row tile holds 2 tokens or fewer, the union kernel runs only while a wave of CTAs gives each
 # row tile at most this many splits (prefers_union).
 UNION_MAX_SPLITS = 6

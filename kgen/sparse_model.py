@@ -17,7 +17,7 @@ from .arch import Arch, get_arch
 from . import kvrows
 from .model import Call, Floor, Item, Prediction, Shape, calibration, combine_shape, tile_work
 from .plan import plan
-from .sparse_plan import MIN_CHUNK, PART_O_BYTES, sparse_tiles, tile_tokens, tree_apart
+from .sparse_plan import PART_O_BYTES, request_splits, sparse_tiles, tile_tokens, tree_apart
 from .splitkv import ceil_div
 from .variant import PlanContext
 from .spec import Spec
@@ -57,14 +57,11 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     base = plan(spec, plan_for)
     p = plan(spec, base.arch, sparse_tiles(PlanContext(spec, base.arch, base.tiles, "")))
     sh, bm, bn = s.shape, p.tiles.bm, p.tiles.bn
-    heads, width = spec.model.num_q_heads, min(spec.model.index_topk, sh.L)
-    row_tiles = ceil_div(sh.T * heads, bm)
+    heads = spec.model.num_q_heads
     tokens = min(sh.T, tile_tokens(heads, bm))
     entries = tokens * spec.model.index_topk
     target = arch.sm_count * p.tiles.min_blocks
-    slots = target - sh.B * row_tiles if sh.B * row_tiles < target else target
-    chunk = max(MIN_CHUNK, ceil_div(sh.B * row_tiles * entries, slots))
-    splits = max(1, ceil_div(entries, chunk))
+    row_tiles, splits = request_splits(heads, bm, sh.T, spec.model.index_topk, target, batch=sh.B)
     keys = unions(spec, s, tokens) / splits  # a row tile's share of its split
     request_bytes = unions(spec, s, sh.T) / splits * kvrows.row_bytes(spec)
     tree_tiles = ceil_div(sh.T, bn)

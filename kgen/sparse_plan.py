@@ -21,6 +21,7 @@ from .variant import BF16, PlanContext, Variant
 SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
 MAX_TABLE = 8192  # hash-set entries (8 B each): 4096 keys per round
 MIN_CHUNK = 64  # list entries a split reads at least, so partial states stay a small overhead
+UNBOUNDED = (1 << 31) - 1  # the union kernel's splits have no size cap: a set that overflows runs in rounds
 # The partial states' o in bf16, not fp32: at B = 1 the CTAs write (and the combine reads back) as
 # many bytes of partial states as the listed rows hold (bench/NOTES.md v50); bf16 rounds each once
 # more, within DESIGN §6's 1e-2 for the bf16 output. Their lse stays fp32.
@@ -50,14 +51,16 @@ def tile_tokens(heads: int, bm: int) -> int:
     return bm // heads if bm % heads == 0 else (bm - 1) // heads + 2
 
 
-def request_splits(heads: int, bm: int, tokens: int, width: int, target: int, max_chunk: int) -> tuple[int, int]:
-    """(row tiles, splits of each row tile's prefix entries) the sparse schedule gives a batch of one
-    request of `tokens` tree tokens and lists `width` entries wide (templates/sparse_schedule.cuh
-    write_sparse_item)."""
+def request_splits(heads: int, bm: int, tokens: int, width: int, target: int, max_chunk: int = UNBOUNDED,
+                   batch: int = 1) -> tuple[int, int]:
+    """(row tiles, splits of each row tile's prefix entries) of each request the sparse schedule gives
+    a batch of `batch` requests of `tokens` tree tokens each and lists `width` entries wide
+    (templates/sparse_schedule.cuh write_sparse_item)."""
     row_tiles = -(-tokens * heads // bm)
     entries = min(tokens, tile_tokens(heads, bm)) * width
-    slots = target - row_tiles if row_tiles < target else target
-    chunk = min(max_chunk, max(MIN_CHUNK, -(-row_tiles * entries // slots)))
+    all_tiles = batch * row_tiles
+    slots = target - all_tiles if all_tiles < target else target
+    chunk = min(max_chunk, max(MIN_CHUNK, -(-all_tiles * entries // slots)))
     return row_tiles, max(1, -(-entries // chunk))
 
 
