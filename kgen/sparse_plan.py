@@ -31,15 +31,9 @@ PART_O_BYTES = 2
 
 # The sparse kernels built without the schedule table's read, by (plan arch, kernel, KV rows: bf16,
 # fp8 with one scale, the DSA pool's scaled rows): with it, ptxas spilled them at their register cap
-# (sm_120's 168: the union kernel over fp8 rows 84 B, 7 spill instructions in its tile loop; the gather
-# kernel 28 B and 4 B; bench/NOTES.md v86). Their CTAs find their work items themselves.
-NO_TABLE = frozenset({("sm_120", "sparse_verify_attn", "fp8"), ("sm_120", "sparse_gather_attn", "fp8"),
-                      ("sm_120", "sparse_gather_attn", "scaled")})
-# The union kernels that pick their rows' bits out of a tile's key masks when the tile starts, rather
-# than hold the masks as loaded until its softmax (LATE_MASKS, where a row tile's masks are bytes: -9%
-# at B32 on the H100, bench/NOTES.md v106), by (plan arch, KV rows): the held word spilled the sm_120
-# plan's union over the DSA pool's scaled rows at its 168 registers (148 B, in its tile loop).
-EARLY_MASKS = frozenset({("sm_120", "scaled")})
+# (sm_120's fp8 rows: two CTAs of 5 warps an SM, 168 registers; the union kernel 116 B, the gather
+# 84 B; bench/NOTES.md v86, s54a). Their CTAs find their work items themselves.
+NO_TABLE = frozenset({("sm_120", "sparse_verify_attn", "fp8"), ("sm_120", "sparse_gather_attn", "fp8")})
 # The sparse schedule's inputs but qo_indptr (templates/sparse_schedule.cuh SparseArgs): the sparse
 # kernels and sparse_schedule declare them alike.
 SCHEDULE_PARAMS = ("int topk_width", "int batch", "int target_ctas", "int min_chunk", "int max_chunk", "int max_nodes",
@@ -73,14 +67,17 @@ def tree_apart(batch: int, row_tiles: int, splits: int, target: int) -> bool:
 
 
 def sparse_tiles(c: PlanContext) -> MmaSyncTiles:
-    """The mma.sync tiling of the sparse kernels: the plan's own where it is one (a row tile's
-    tokens must fit a 32-bit mask: BM <= 32), without clusters, else 16-row tiles two CTAs an SM at
-    the deepest ring that fits the SM twice (two_cta_tiles), else the mma.sync design's choice for
-    the arch; with Q's tile apart from the ring where shared memory allows (its copies then overlap
-    the key list's build: bench/NOTES.md v49)."""
-    if isinstance(c.tiles, MmaSyncTiles) and c.tiles.bm <= 32:
-        return with_q_apart(c, replace(c.tiles, cluster=1))  # the sparse schedule has no clusters
-    return two_cta_tiles(c) or with_q_apart(c, mma_sync.DESIGN.choose(c.spec, c.arch))
+    """The mma.sync tiling of the sparse kernels: 16-row tiles (one row block, 2 tokens at H = 8), the
+    plan's own where it gives them (without clusters: the sparse schedule has none), else
+    row_block_tiles, else the plan's own mma.sync tiling (a row tile's tokens must fit a 32-bit
+    mask: BM <= 32) or the design's choice for the arch; with Q's tile apart from the ring where
+    shared memory allows (its copies then overlap the key list's build: bench/NOTES.md v49)."""
+    own = isinstance(c.tiles, MmaSyncTiles) and c.tiles.bm <= 32
+    if own and c.tiles.bm == 16:
+        return with_q_apart(c, replace(c.tiles, cluster=1))
+    if rows := row_block_tiles(c):
+        return rows
+    return with_q_apart(c, replace(c.tiles, cluster=1) if own else mma_sync.DESIGN.choose(c.spec, c.arch))
 
 
 def with_q_apart(c: PlanContext, t: MmaSyncTiles) -> MmaSyncTiles:
@@ -94,17 +91,19 @@ def fits_sm(c: PlanContext, t: MmaSyncTiles) -> bool:
     return ctas_by_smem(c.arch, t.smem_bytes(c.spec)) >= t.min_blocks
 
 
-def two_cta_tiles(c: PlanContext) -> MmaSyncTiles | None:
-    """16-row tiles (one row block, 2 tokens at H = 8) two CTAs an SM, the deepest ring of them that
-    fits: on sm_90 (228 KB an SM) 4 stages; on sm_120 (100 KB) none. Two CTAs' chains cover each
-    other's latencies, which bind the sparse loop whatever the row format (bench/NOTES.md s41e): on
-    the H100, against 32-row tiles one CTA an SM, -1.5 us at B1 T16, -19% at B8, -15% at B32 and B64
-    (s41g); 16-row tiles one CTA an SM lost 17-20% at B >= 32 (s41f)."""
+def row_block_tiles(c: PlanContext) -> MmaSyncTiles | None:
+    """16-row tiles (one row block, 2 tokens at H = 8), two CTAs an SM where two fit, else one, at the
+    deepest ring that fits: on sm_90 (228 KB an SM) two CTAs of 4 stages, on sm_120 (100 KB) one of 4.
+    Two CTAs' chains cover each other's latencies, which bind the sparse loop whatever the row format
+    (bench/NOTES.md s41e): on the H100, against 32-row tiles one CTA an SM, -1.5 us at B1 T16, -19% at
+    B8, -15% at B32 and B64 (s41g). Where one CTA fits, a row block still does each (token, key) of
+    the gather once and builds its union from 2 tokens' lists, not 4 (s54a)."""
     chosen = mma_sync.DESIGN.choose(c.spec, c.arch)
-    for stages in (4, 3, 2):
-        t = with_q_apart(c, replace(chosen, bm=16, warps_m=1, stages=stages, min_blocks=2))
-        if fits_sm(c, t):
-            return t
+    for ctas in (2, 1):
+        for stages in (4, 3, 2):
+            t = with_q_apart(c, replace(chosen, bm=16, warps_m=1, stages=stages, min_blocks=ctas))
+            if fits_sm(c, t):
+                return t
     return None
 
 
@@ -162,7 +161,7 @@ def sparse_variants(c: PlanContext) -> list[Variant]:
              f"{PART_O}* __restrict__ part_o", "float* __restrict__ part_lse", "int* lists", "long long num_slots",
              "const int* __restrict__ schedule_table")
     table = table_entries(c, t)
-    late = tile_tokens(spec.model.num_q_heads, t.bm) <= 8 and (c.arch.name, row_kind(spec)) not in EARLY_MASKS
+    late = tile_tokens(spec.model.num_q_heads, t.bm) <= 8  # byte masks, held as loaded (bench/NOTES.md v106)
     constants = {"TABLE": table, "LIST_KEYS": list_keys(c, t), **ctx.tree_constants}
     return [replace(ctx.attention(name, "sparse_attn.cu.j2", {"UNION": name == "sparse_verify_attn",
                                                               "LATE_MASKS": late and name == "sparse_verify_attn",
@@ -179,7 +178,7 @@ def reads_table(c: PlanContext, kernel: str) -> bool:
 
 
 def row_kind(spec: Spec) -> str:
-    """The sparse kernels' KV rows, as NO_TABLE and EARLY_MASKS name them: bf16, fp8 (one scale) or
+    """The sparse kernels' KV rows, as NO_TABLE names them: bf16, fp8 (one scale) or
     scaled (the DSA pool's block-scaled rows)."""
     cache = spec.cache
     return "bf16" if cache.kv_dtype == "bfloat16" else "scaled" if cache.per_block else "fp8"

@@ -83,8 +83,8 @@ struct ListTileVisibility {
 // loaded (bytes: a reducer's masks are whole words) until the softmax reads them, so the loads'
 // latency (an L2 round trip: the masks do not stay in L1 beside the ring) hides behind the tile's
 // partial scores. Picked at once, the row's bits made every tile wait for the loads before its first
-// MMA (call CA: 11% of the batched union's warp samples, bench/NOTES.md v106); that stays where the
-// held word spills the loop (kgen/sparse_plan.py EARLY_MASKS).
+// MMA (call CA: 11% of the batched union's warp samples, bench/NOTES.md v106); that stays for row
+// tiles of more than 8 tokens, whose masks are words.
 template <class C>
 struct ListTileBytes {
     unsigned words[C::RED_COLS / 4];  // key c's mask is byte c; 0 for a padding row

@@ -58,12 +58,12 @@ def test_index_topk_makes_a_sparse_spec_and_is_checked():
 
 # The hash set's entries: the largest power of two whose set (8 B an entry + 136 B) fits the KV ring
 # and leaves the warps' insertion queues (4 B an entry, at least 16 x 32 a warp) room before the
-# barriers. sm_120's ring of the DSA pool's rows is 3 stages x 32 rows x 656 B = 62976 B: 4096 entries.
-TABLES = {("glm5_dsa_sm120", "sm_120"): 4096, ("glm5_dsa_sm120", "sm_90"): MAX_TABLE,
+# barriers: each plan's ring of 4 stages x 32 rows holds MAX_TABLE.
+TABLES = {("glm5_dsa_sm120", "sm_120"): MAX_TABLE, ("glm5_dsa_sm120", "sm_90"): MAX_TABLE,
           ("glm5_dsa_bf16_sm120", "sm_120"): MAX_TABLE, ("glm5_dsa_bf16_sm120", "sm_90"): MAX_TABLE}
-# The sparse tiles (BM, WARPS_M, CTAs an SM): sm_90 runs 16-row tiles two CTAs an SM (the SM's 228 KB
-# hold two; kgen/sparse_plan.py two_cta_tiles), sm_120 the plan's own 32-row tiles (100 KB an SM hold one).
-SPARSE_TILES = {"sm_90": (16, 1, 2), "sm_120": (32, 2, 1)}
+# The sparse tiles (BM, WARPS_M, CTAs an SM): 16-row tiles, one row block (kgen/sparse_plan.py
+# row_block_tiles), two CTAs an SM on sm_90 (its 228 KB hold two), one on sm_120 (100 KB).
+SPARSE_TILES = {"sm_90": (16, 1, 2), "sm_120": (16, 1, 1)}
 
 
 @pytest.mark.parametrize("name, arch", list(TABLES))
@@ -122,32 +122,33 @@ def test_one_request_s_tree_is_a_split_of_its_own_where_the_wave_has_room():
 
     from kgen.sparse_plan import MIN_CHUNK
 
-    mod = stub_module("glm5_dsa_sm120", sm_count=132)  # the sm_120 plan: 32-row tiles of 4 tokens, one CTA an SM
+    mod = stub_module("glm5_dsa_sm120", sm_count=132)  # the sm_120 plan: 16-row tiles of 2 tokens, one CTA an SM
     k = mod._sparse_kernels()
-    assert (k.bm, k.target) == (32, 132)
+    assert (k.bm, k.target) == (16, 132)
 
     def step(sizes, width=2048):
         x = make_sparse_inputs(mod.spec, sizes, [5000] * len(sizes), width, generator=gen(0))
         return mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
 
-    # T16: 4 row tiles of 4 tokens' 8,192 entries; chunk = 32,768 / 128 = 256 -> 32 splits; 4 x 33 = 132 fits
-    assert step([16]).tree_apart
-    # T64: 16 row tiles; chunk = ceil(131,072 / 116) = 1,130 -> 8 splits; 16 x 9 = 144 does not
-    assert not step([64]).tree_apart
+    # T8: 4 row tiles of 2 tokens' 4,096 entries; chunk = 16,384 / 128 = 128 -> 32 splits; 4 x 33 = 132 fits
+    assert step([8]).tree_apart
+    # T16: 8 row tiles; chunk = ceil(32,768 / 124) = 265 -> 16 splits; 8 x 17 = 136 does not
+    assert not step([16]).tree_apart
     # T1: one row tile of 2,048 entries; chunk = max(MIN_CHUNK, 2048 / 131) = 64 -> 32 splits
     assert MIN_CHUNK == 64 and step([1]).tree_apart
     assert not step([1, 1]).tree_apart  # a batch: no room is reserved for it
-    assert step([16], width=333).tree_apart  # K' = 333: 4 x (ceil(1332 / 64) + 1) = 88
+    assert step([16], width=333).tree_apart  # K' = 333: 8 x (ceil(666 / 64) + 1) = 96
 
 
 def test_a_default_step_and_its_workspace_follow_the_choice(seed):
     from test_step import stub_module
 
-    mod = stub_module("glm5_dsa_sm120", sm_count=132)  # the sm_120 plan: 4-token tiles, the union
-    x = make_sparse_inputs(mod.spec, [16], [4000], 2048, generator=gen(seed))
-    b = x.base
-    step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask)
-    assert step.union and step.workspace.numel() == mod.sparse_workspace_bytes(16, 1, union=True)
+    mod = stub_module("glm5_dsa_sm120", sm_count=132)  # the sm_120 plan: 2-token tiles, one CTA an SM
+    for tokens, union in ((16, False), (64, True)):  # 8 row tiles: 16.5 splits each, the gather; 32: 4.1, the union
+        x = make_sparse_inputs(mod.spec, [tokens], [4000], 2048, generator=gen(seed))
+        b = x.base
+        step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask)
+        assert step.union == union and step.workspace.numel() == mod.sparse_workspace_bytes(tokens, 1, union=union)
     # a workspace for either kernel, as a server sizes one for all its graph steps
     assert mod.sparse_workspace_bytes(16, 1) == max(mod.sparse_workspace_bytes(16, 1, union=u) for u in (True, False))
 
@@ -355,7 +356,7 @@ def test_kgen_show_models_the_sparse_shapes_on_sm120():
 
     text = CliRunner().invoke(app, ["show", str(SPEC)], env={"COLUMNS": "100"})
     assert text.exit_code == 0, text.output
-    assert "sparse_verify_attn (each row tile's union" in text.output and "4096-entry hash set" in text.output
+    assert "sparse_verify_attn (each row tile's union" in text.output and "8192-entry hash set" in text.output
     result = CliRunner().invoke(app, ["show", str(SPEC), "--json"])
     assert result.exit_code == 0, result.output
     main = json.loads(result.output)["sparse"][0]
@@ -399,16 +400,16 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
         assert mod.launches == writes
         (_, grid, _, attn, _), (_, combine_grid, _, combine, combine_threads) = calls
         tokens, batch, heads = b.q.shape[0], 4, mod.spec.model.num_q_heads
-        row_tiles = -(-tokens * heads // 32) + batch  # the rule: one wave plus a CTA per row tile a request starts
+        row_tiles = -(-tokens * heads // 16) + batch  # the rule: one wave plus a CTA per row tile a request starts
         cap = 4096
-        assert grid == (132 + row_tiles if union else 132 + row_tiles * -(-min(32, 64) * 2048 // cap))
+        assert grid == (132 + row_tiles if union else 132 + row_tiles * -(-min(16, 64) * 2048 // cap))
         assert combine_grid == tokens * heads
         assert combine_threads == SPARSE_COMBINE.threads(512, tokens * heads, grid, 32, batch, 132)
         base = step.workspace.data_ptr()
         off_lse, off_meta, off_lists, off_table, size = sparse_workspace_layout(mod._sparse, grid, batch, union)
         assert step.workspace.numel() == size and off_lists - off_meta >= batch * 16
         # the union's CTAs a list each: LIST_KEYS slots and masks; the gather reads its entries in place
-        assert off_table - off_lists >= grid * 2 * (4 * 2048) * 4 if union else off_table == off_lists
+        assert off_table - off_lists >= grid * 2 * (2 * 2048) * 4 if union else off_table == off_lists
         assert size - off_table >= table_bytes(grid, batch)
         rule = dict(qo_indptr=ptr(b.qo_indptr), topk_width=512, batch=batch, target_ctas=132, min_chunk=64,
                     max_chunk=UNBOUNDED if union else cap, max_nodes=64, total_tokens=tokens,
@@ -425,16 +426,17 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
                                req_meta=base + off_meta, batch=batch, o=ptr(out), lse=ptr(lse))
     mod.launches.clear()
     mod.sparse_verify_attention(b.q, b.kv_cache, b.k_tree, b.qo_indptr, x.topk_indices, b.op_mask, out=out, lse=lse)
-    assert [name for name, *_ in mod.launches] == ["sparse_verify_attn", "sparse_combine"]
+    # by size (prefers_union): 12 row tiles of 2 tokens, 11 splits each in a wave of 132: the gather
+    assert [name for name, *_ in mod.launches] == ["sparse_gather_attn", "sparse_combine"]
     assert mod.launches[0][3]["schedule_table"] == 0  # one call: its CTAs find their items
 
 
 def test_the_sparse_kernels_read_a_schedule_table_where_their_plan_builds_them_so():
-    """Every sparse kernel takes its items from a step's table but the sm_120 plan's over fp8 rows
-    (the union kernel's over the DSA pool's rows aside), whose read spilled them (kgen/sparse_plan.py
-    NO_TABLE); a kernel built without it is passed none."""
+    """Every sparse kernel takes its items from a step's table but the sm_120 plan's over fp8 rows with
+    one scale, whose read spilled them (kgen/sparse_plan.py NO_TABLE); a kernel built without it is
+    passed none."""
     for kv, scales, sm120 in (("bfloat16", None, (True, True)), ("float8_e4m3fn", "per_tensor", (False, False)),
-                              ("float8_e4m3fn", "per_block", (True, False))):
+                              ("float8_e4m3fn", "per_block", (True, True))):
         data = spec_data()
         data["cache"].update({"kv_dtype": kv, "scales": scales})
         for arch in ("sm_120", "sm_90"):
@@ -461,21 +463,21 @@ def test_validate_mode_sparse_steps_keep_no_schedule_table(seed, monkeypatch):
 def test_a_step_whose_key_lists_outgrow_32_bit_indices_is_refused(seed):
     from test_step import stub_module
 
-    mod = stub_module("glm5_dsa_bf16_sm120", sm_count=(1 << 32) // (2 * 4 * 2048))  # one wave of CTAs fills 2^32
+    mod = stub_module("glm5_dsa_bf16_sm120", sm_count=(1 << 32) // (2 * 2 * 2048))  # one wave of CTAs fills 2^32
     x = make_sparse_inputs(mod.spec, [4], [300], 64, generator=gen(seed))
     with pytest.raises(ValueError, match="exceed the 2\\^32 entries"):
-        mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask)
+        mod.prepare_sparse(x.base.qo_indptr, x.topk_indices, x.base.op_mask, union=True)
     assert mod.launches == []
 
 
 def test_the_union_refuses_a_cache_whose_slots_its_insertion_queue_cannot_hold(seed):
-    """The union queues an entry as its slot with its token in the top bits: the sm_120 plan's 32-row
-    tiles hold 4 tokens (2 bits), so its caches stop at 2^30 rows; the 2-token tiles of the sm_90 plan
-    at int32's 2^31. A larger cache is refused before any launch; the gather reads it."""
+    """The union queues an entry as its slot with its token in the top bits: both plans' 16-row tiles
+    hold 2 tokens (1 bit), so their caches stop at int32's 2^31 rows (4-token tiles would stop at
+    2^30). A larger cache is refused before any launch; the gather reads it."""
     from test_step import RecordingKernel, stub_module
 
     mod = stub_module("glm5_dsa_bf16_sm120")
-    assert mod._sparse.union_slots == 1 << 30
+    assert mod._sparse.union_slots == 1 << 31
     sm90 = {v.name: RecordingKernel(v, []) for v in plan(mod.spec, "sm_90").variants}
     assert SparseKernels(mod.spec, sm90, 132).union_slots == 1 << 31
     x = make_sparse_inputs(mod.spec, [4], [300], 64, generator=gen(seed))
@@ -529,7 +531,7 @@ def test_a_sparse_step_reads_the_dsa_pools_rows(seed):
     x = make_sparse_inputs(mod.spec, [5, 3], [300, 70], 128, generator=gen(seed))
     b = x.base
     assert b.kv_cache.dtype == torch.uint8 and b.kv_cache.shape[1] == 656
-    step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask)
+    step = mod.prepare_sparse(b.qo_indptr, x.topk_indices, b.op_mask, union=True)
     for k_tree, quantized in ((b.k_tree, True), (quantize_rows(b.k_tree, 512), False)):
         mod.launches.clear()
         step.verify(b.q, b.kv_cache, k_tree)

@@ -116,8 +116,8 @@ def test_one_request_s_tree_as_a_split_of_its_own_and_on_the_last_split(sparse_m
             apart.append(step.tree_apart)
             run_and_check(mod, x, f"({arch or 'own'} plan) one request of {tokens}, union={union}, "
                                   f"tree apart={step.tree_apart}", step=step)
-    # T1 always fits (33 items a wave); T16 fits exactly on 132 SMs (the H100 / H200: 8 x 33 = 264 items of
-    # 16-row tiles, 4 x 33 = 132 of 32-row ones); T64's splits fill the wave
+    # T1 always fits (33 items a wave); T16 fits the sm_90 plan's wave exactly on 132 SMs (the H100 / H200:
+    # 8 x 33 = 264 items, two CTAs an SM); T64's splits fill the wave
     assert apart[:2] == [True, True] and apart[-2:] == [False, False], apart
 
 
@@ -139,11 +139,10 @@ def test_random_batches_up_to_64_requests(sparse_module, cuda, seed, arch):
 
 @pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
 def test_a_split_whose_list_outgrows_the_set_runs_in_rounds(sparse_module, cuda, seed, arch):
-    """One split per request (target_ctas 1): a row tile's 4 tokens with disjoint lists of 2048
-    name 8192 slots, more than a round's set holds (4096 keys on the sm_90 plan, 2048 on the sm_120
-    plan's smaller ring), so the union kernel halves its partition (rounds, each cleared after the
-    last one's list was written: bench/NOTES.md v83's race); the gather kernel's splits stay within
-    one list's capacity."""
+    """One split per request (target_ctas 1): a row tile's 2 tokens with disjoint lists of 2048 name
+    4096 slots, a round's whole set (4096 keys), which the union kernel grows to from its first guess
+    (and halves its partition past it: rounds, each cleared after the last one's list was written,
+    bench/NOTES.md v83's race); the gather kernel's splits stay within one list's capacity."""
     mod = sparse_module("glm5_dsa_sm120", arch)
     x = make_sparse_inputs(mod.spec, [16, 4], [60000, 30000], 2048, shared=0.0, device=cuda,
                            generator=torch.Generator(cuda).manual_seed(seed))
