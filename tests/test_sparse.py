@@ -94,14 +94,15 @@ def test_both_plans_have_the_sparse_kernels_on_the_mma_sync_loop(name, arch):
 
 
 def test_a_step_picks_the_union_kernel_unless_a_2_token_tile_gets_many_splits():
-    """prepare_sparse(union=None): gather where row tiles of <= 2 tokens get more than
-    UNION_MAX_SPLITS splits a wave (B <= 5 at T16 on 132 SMs, two CTAs each), else the union."""
+    """prepare_sparse(union=None): gather where row tiles of <= 2 tokens get more splits a wave than
+    UNION_MAX_SPLITS allows for the CTAs an SM holds (6 with two, 12 with one: B <= 5 at T16 on 132
+    SMs two CTAs each, B1 T <= 20 on 132 SMs one CTA each), else the union."""
     from types import SimpleNamespace
 
     spec = spec_named("glm5_dsa_sm120")
 
-    def kernels(bm, target):
-        return SimpleNamespace(spec=spec, bm=bm, target=target)
+    def kernels(bm, target, ctas=2):
+        return SimpleNamespace(spec=spec, bm=bm, target=target, ctas_per_sm=ctas)
 
     two_cta = kernels(16, 2 * 132)  # the sm_90 plan's 16-row tiles: 2 tokens of 8 heads
     assert [prefers_union(two_cta, 16 * b) for b in (1, 2, 4, 6, 8, 32)] == [False, False, False, True, True, True]
@@ -109,9 +110,12 @@ def test_a_step_picks_the_union_kernel_unless_a_2_token_tile_gets_many_splits():
     assert prefers_union(two_cta, 88)  # 44 row tiles, 6 splits each
     assert not prefers_union(two_cta, 1)  # decode: one token's list, no union to take
     row_tiles = 16 * 8 // 16
-    assert prefers_union(kernels(16, UNION_MAX_SPLITS * row_tiles), 16)
-    assert not prefers_union(kernels(16, UNION_MAX_SPLITS * row_tiles + 1), 16)
-    assert all(prefers_union(kernels(32, 188), n) for n in (1, 16, 64))  # 4-token tiles (sm_120's): always
+    assert prefers_union(kernels(16, UNION_MAX_SPLITS[2] * row_tiles), 16)
+    assert not prefers_union(kernels(16, UNION_MAX_SPLITS[2] * row_tiles + 1), 16)
+    one_cta = kernels(16, 132, ctas=1)  # the sm_120 plan's, 132 SMs
+    # T16: 8 row tiles, 16.5 splits each; T24: 12, 11 (the union); B2 T16: 16 row tiles, 8.25
+    assert [prefers_union(one_cta, n) for n in (1, 16, 20, 24, 32)] == [False, False, False, True, True]
+    assert all(prefers_union(kernels(32, 188, ctas=1), n) for n in (1, 16, 64))  # 4-token tiles: always
 
 
 def test_one_request_s_tree_is_a_split_of_its_own_where_the_wave_has_room():
@@ -426,8 +430,8 @@ def test_a_sparse_call_is_two_launches_with_the_arguments_the_kernels_declare(se
                                req_meta=base + off_meta, batch=batch, o=ptr(out), lse=ptr(lse))
     mod.launches.clear()
     mod.sparse_verify_attention(b.q, b.kv_cache, b.k_tree, b.qo_indptr, x.topk_indices, b.op_mask, out=out, lse=lse)
-    # by size (prefers_union): 12 row tiles of 2 tokens, 11 splits each in a wave of 132: the gather
-    assert [name for name, *_ in mod.launches] == ["sparse_gather_attn", "sparse_combine"]
+    # by size (prefers_union): 12 row tiles of 2 tokens, 11 splits each in a wave of 132 CTAs one an SM: the union
+    assert [name for name, *_ in mod.launches] == ["sparse_verify_attn", "sparse_combine"]
     assert mod.launches[0][3]["schedule_table"] == 0  # one call: its CTAs find their items
 
 

@@ -4,7 +4,7 @@
 
 static_assert(1024 == 512 / 4 * 8, "at most MAX_GROUPS groups of DV / 4 threads");
 
-extern "C" __global__ void __launch_bounds__(1024, 1) sparse_combine__h8_d576_ps64_e4m3f16_pb_t64_sm120__d08c052e28d3(
+extern "C" __global__ void __launch_bounds__(1024, 1) sparse_combine__h8_d576_ps64_e4m3f16_pb_t64_sm120__900a4b80e2f6(
     const __nv_bfloat16* __restrict__ part_o,
     const float* __restrict__ part_lse,
     const int* __restrict__ qo_indptr,
@@ -12,6 +12,6 @@ extern "C" __global__ void __launch_bounds__(1024, 1) sparse_combine__h8_d576_ps
     int batch,
     __nv_bfloat16* __restrict__ o,
     float* __restrict__ lse) {
-    kgen::combine_partials<8, 512, 32, 8, 4>(
+    kgen::combine_partials<8, 512, 16, 8, 4>(
         part_o, part_lse, qo_indptr, req_meta, batch, o, lse);
 }

@@ -11,19 +11,19 @@ struct Layout {
     static constexpr int Q_STRIDE = 1168;
     static constexpr int S_STRIDE = 40;
     static constexpr int P_STRIDE = 80;
-    static constexpr int RING_BYTES = 62976;
-    static constexpr int S_OFF = 62976;
-    static constexpr int P_OFF = 83456;
-    static constexpr int ALPHA_OFF = 93696;
-    static constexpr int INV_L_OFF = 94208;
-    static constexpr int BAR_OFF = 94720;
+    static constexpr int RING_BYTES = 83968;
+    static constexpr int S_OFF = 83968;
+    static constexpr int P_OFF = 94208;
+    static constexpr int ALPHA_OFF = 99328;
+    static constexpr int INV_L_OFF = 99584;
+    static constexpr int BAR_OFF = 99840;
     static constexpr int Q_OFF = 0;
-    static constexpr int SMEM_BYTES = 94776;
+    static constexpr int SMEM_BYTES = 99912;
     static constexpr int SCALES_IN_V = 0;
-    static constexpr int SCRATCH_OFF = 62976;
+    static constexpr int SCRATCH_OFF = 83968;
 };
-using Cfg = kgen::AttnConfig<8, 576, 512, 32, 32, 2, 4, 3, true, false, true, 1, Layout>;
-static_assert(Cfg::THREADS == 288, "plan and kernel disagree on threads");
+using Cfg = kgen::AttnConfig<8, 576, 512, 16, 32, 1, 4, 4, true, false, true, 1, Layout>;
+static_assert(Cfg::THREADS == 160, "plan and kernel disagree on threads");
 constexpr int MASK_WORDS = 2;
 
 // The mask rows of the request whose first tree token is qo0.
@@ -34,7 +34,7 @@ struct RequestMask {
     }
 };
 
-extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__d542c4277a2e(
+extern "C" __global__ void __launch_bounds__(160, 1) sparse_gather_attn__h8_d576_ps64_e4m3f16_pb_t64_sm120__611fcd7e7e8e(
     const __nv_bfloat16* __restrict__ q,
     const unsigned char* __restrict__ kv_cache,
     float kv_scale,
@@ -59,11 +59,11 @@ extern "C" __global__ void __launch_bounds__(288, 1) sparse_gather_attn__h8_d576
     long long num_slots,
     const int* __restrict__ schedule_table) {
     extern __shared__ __align__(1024) char smem[];
-    kgen::sparse_attention<Cfg, false, 4096, 8192, false, MASK_WORDS>(
+    kgen::sparse_attention<Cfg, false, 8192, 4096, false, MASK_WORDS>(
         smem, q, reinterpret_cast<const char*>(kv_cache), kv_scale, reinterpret_cast<const char*>(k_tree),
         RequestMask{tree_mask},
         kgen::SparseArgs{qo_indptr, topk_indices, topk_width, batch, target_ctas, min_chunk, max_chunk, max_nodes,
                          total_tokens, tree_apart, validate, error_flag, req_meta, lists, num_slots},
-        nullptr,  // the step's schedule table, or none
+        schedule_table,  // the step's schedule table, or none
         part_o, part_lse, 0.09016844005556021f);
 }
