@@ -140,9 +140,10 @@ def test_random_batches_up_to_64_requests(sparse_module, cuda, seed, arch):
 @pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
 def test_a_split_whose_list_outgrows_the_set_runs_in_rounds(sparse_module, cuda, seed, arch):
     """One split per request (target_ctas 1): a row tile's 2 tokens with disjoint lists of 2048 name
-    4096 slots, a round's whole set (4096 keys), which the union kernel grows to from its first guess
-    (and halves its partition past it: rounds, each cleared after the last one's list was written,
-    bench/NOTES.md v83's race); the gather kernel's splits stay within one list's capacity."""
+    4096 slots, a whole round's set (4096 keys: the most a 2-token tile can name at K = 2048); the
+    gather kernel's splits stay within one list's capacity. A round that overflows (the partition
+    halved, each round cleared after the last one's list was written: bench/NOTES.md v83's race)
+    needs tiles of more tokens (H <= 4), which no spec here has since both plans' 16-row tiles."""
     mod = sparse_module("glm5_dsa_sm120", arch)
     x = make_sparse_inputs(mod.spec, [16, 4], [60000, 30000], 2048, shared=0.0, device=cuda,
                            generator=torch.Generator(cuda).manual_seed(seed))
