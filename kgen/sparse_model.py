@@ -4,9 +4,11 @@ A sparse call is the mma.sync tile loop over each work item's key list: the item
 schedule (find_sparse_item) for B identical requests whose lists share round(shared * K) slots and
 pick the rest on their own (kgen.sparse_testing's indexer shape), so a row tile of n tokens reads
 shared + n * own keys and a request's union is shared + T * own. The row tiles of a split read
-their slices side by side, so DRAM sees each union row once. Each item first builds its list
-(scans its tokens' entries from L2); that build is added to the item's startup. A MODEL, not a
-measurement: the tile loop and the calibration are the dense path's.
+their slices side by side, so DRAM sees each union row once. Each union item first builds its list
+(scans its tokens' entries from L2); that build is added to the item's startup. Where the step runs
+the per-token gather (kgen/sparse.py prefers_union), an item's keys are its share of the row tile's
+entries, one a (token, key), and it builds nothing. A MODEL, not a measurement: the tile loop and the
+calibration are the dense path's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from .arch import Arch, get_arch
 from . import kvrows
 from .model import Call, Floor, Item, Prediction, Shape, calibration, combine_shape, tile_work
 from .plan import plan
-from .sparse_plan import PART_O_BYTES, request_splits, sparse_tiles, tile_tokens, tree_apart
+from .sparse_plan import (PART_O_BYTES, UNBOUNDED, list_capacity, request_splits, sparse_tiles, tile_tokens, tree_apart,
+                          union_by_size)
 from .splitkv import ceil_div
 from .variant import PlanContext
 from .spec import Spec
@@ -52,7 +55,8 @@ def sparse_floor(spec: Spec, s: SparseShape, arch: Arch) -> Floor:
 
 
 def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: str | None = None) -> Prediction:
-    """Modeled time of one sparse_verify_attention call of `s` on `arch` with the plan for `plan_for`."""
+    """Modeled time of one sparse_verify_attention call of `s` on `arch` with the plan for `plan_for`,
+    on the kernel the step picks by size (the union or the per-token gather)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
     base = plan(spec, plan_for)
     p = plan(spec, base.arch, sparse_tiles(PlanContext(spec, base.arch, base.tiles, "")))
@@ -61,8 +65,12 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     tokens = min(sh.T, tile_tokens(heads, bm))
     entries = tokens * spec.model.index_topk
     target = arch.sm_count * p.tiles.min_blocks
-    row_tiles, splits = request_splits(heads, bm, sh.T, spec.model.index_topk, target, batch=sh.B)
-    keys = unions(spec, s, tokens) / splits  # a row tile's share of its split
+    # the kernel a step runs by size (kgen/sparse.py prefers_union): the union's split lists its share of
+    # the row tile's union, the gather's reads its share of the tile's entries, one key each, no list
+    union = union_by_size(heads, bm, sh.B * sh.T, target, p.tiles.min_blocks)
+    max_chunk = UNBOUNDED if union else list_capacity(p.variant("sparse_verify_attn").constants["TABLE"])
+    row_tiles, splits = request_splits(heads, bm, sh.T, spec.model.index_topk, target, max_chunk, sh.B)
+    keys = (unions(spec, s, tokens) if union else entries) / splits  # a row tile's share of its split
     request_bytes = unions(spec, s, sh.T) / splits * kvrows.row_bytes(spec)
     tree_tiles = ceil_div(sh.T, bn)
     apart = tree_apart(sh.B, row_tiles, splits, target)  # then the tree is one more split
@@ -78,7 +86,7 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     call = Call(spec, sh, arch, p, work, all_items, splits, *combine_shape(p, sh, arch, len(all_items), splits),
                 part_o_bytes=PART_O_BYTES, paged_keys=False)
     cal = calibration()
-    build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3)
+    build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3) if union else 0.0
     prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us))
     return replace(prediction, floor=sparse_floor(spec, s, arch))
 

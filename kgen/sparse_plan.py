@@ -58,6 +58,30 @@ def request_splits(heads: int, bm: int, tokens: int, width: int, target: int, ma
     return row_tiles, max(1, -(-entries // chunk))
 
 
+# Where a row tile holds 2 tokens or fewer, the union kernel runs only while a wave of CTAs gives each
+# row tile at most this many splits (union_by_size), by the CTAs an SM holds: two (the sm_90 plan) or
+# one (the sm_120 plan, whose CTA has its SM alone and gains more from each shared key).
+UNION_MAX_SPLITS = {2: 6, 1: 12}
+
+
+def union_by_size(heads: int, bm: int, num_tokens: int, target: int, ctas_per_sm: int) -> bool:
+    """Whether a step of `num_tokens` tree tokens runs the union kernel (else the per-token gather)
+    by its size. The union saves the keys a row tile's tokens list in common, and pays for a hash-set
+    build in every split. A 2-token tile (16-row tiles at H = 8) saves ~1/3 of its keys. With many
+    splits per row tile, each split has too few keys to repay its build, and the gather wins. H100,
+    sm_90 plan, L131072 T16 (bench/NOTES.md v99), gather against union in us, lists 0.7 / 0.5 shared:
+    B4 (8.25 splits a tile) 38.4 / 38.4 and 38.9 / 42.4, B6 (5.5) 55.4 / 51.9 and 55.8 / 58.1, B8 (4.1)
+    64.9 / 61.0 and 66.6 / 69.5; one request: the gather up to T64 (8.25). So the edge lies between
+    8.25 and 5.5 splits where two CTAs share an SM. Where one CTA has it (the sm_120 plan, run on the
+    H100 in 132 CTAs: bench/NOTES.md s54a), the union at B2 T16 (8.25 splits) 37.8 / gather 40.6, at B1
+    T16 (16.5) 28.0 / 27.4: the edge lies between 8.25 and 16.5. Tiles of more tokens always take the
+    union."""
+    if tile_tokens(heads, bm) > 2:
+        return True
+    row_tiles = -(-num_tokens * heads // bm)
+    return target <= UNION_MAX_SPLITS[min(ctas_per_sm, 2)] * row_tiles
+
+
 def tree_apart(batch: int, row_tiles: int, splits: int, target: int) -> bool:
     """Whether each row tile's tree is a split of its own (SparseArgs::tree_apart) rather than riding
     on its last split: for one request, where its row tiles' R (S + 1) items still fit the wave of

@@ -17,8 +17,8 @@ from kgen.errors import SpecError
 from kgen.occupancy import ctas_by_smem
 from kgen.plan import plan
 from kgen.render import render
-from kgen.sparse import UNION_MAX_SPLITS, SparseKernels, check_distinct, prefers_union
-from kgen.sparse_plan import MAX_TABLE, list_capacity
+from kgen.sparse import SparseKernels, check_distinct, prefers_union
+from kgen.sparse_plan import MAX_TABLE, UNION_MAX_SPLITS, list_capacity
 from kgen.sparse_testing import indexer_lists, make_sparse_inputs, prefix_slots
 from kgen.spec import parse_spec
 from kgen.accuracy import assert_close_attention
