@@ -16,6 +16,7 @@ from .designs.mma_sync import MmaSyncTiles
 from .errors import PlanError
 from .occupancy import ctas_by_smem
 from .spec import Spec
+from .splitkv import ceil_div
 from .variant import BF16, PlanContext, Variant
 
 SPARSE_KERNELS = ("sparse_verify_attn", "sparse_gather_attn")  # union (the product), per-token gather (baseline)
@@ -50,12 +51,12 @@ def request_splits(heads: int, bm: int, tokens: int, width: int, target: int, ma
     """(row tiles, splits of each row tile's prefix entries) of each request the sparse schedule gives
     a batch of `batch` requests of `tokens` tree tokens each and lists `width` entries wide
     (templates/sparse_schedule.cuh write_sparse_item)."""
-    row_tiles = -(-tokens * heads // bm)
+    row_tiles = ceil_div(tokens * heads, bm)
     entries = min(tokens, tile_tokens(heads, bm)) * width
     all_tiles = batch * row_tiles
     slots = target - all_tiles if all_tiles < target else target
-    chunk = min(max_chunk, max(MIN_CHUNK, -(-all_tiles * entries // slots)))
-    return row_tiles, max(1, -(-entries // chunk))
+    chunk = min(max_chunk, max(MIN_CHUNK, ceil_div(all_tiles * entries, slots)))
+    return row_tiles, max(1, ceil_div(entries, chunk))
 
 
 # Where a row tile holds 2 tokens or fewer, the union kernel runs only while a wave of CTAs gives each
@@ -78,7 +79,7 @@ def union_by_size(heads: int, bm: int, num_tokens: int, target: int, ctas_per_sm
     union."""
     if tile_tokens(heads, bm) > 2:
         return True
-    row_tiles = -(-num_tokens * heads // bm)
+    row_tiles = ceil_div(num_tokens * heads, bm)
     return target <= UNION_MAX_SPLITS[min(ctas_per_sm, 2)] * row_tiles
 
 
