@@ -152,6 +152,34 @@ def test_cvt_peak_compiles_to_the_fp8_unpack_of_the_attention_loops():
         assert any(op.startswith("F2FP.F16.E4M3.UNPACK_B") for op in sass.opcodes(sass.disassemble(cubin)))
 
 
+def test_gather_probe_moves_rows_by_bulk_copies_or_loads_and_cuts_each_designs_rows():
+    """bench.gather_probe: modes 0 and 1 stage rows by bulk copies, mode 2 by 16-byte loads, none
+    spills; a B = 1 T16 request's rows per design are its entries (gather), each 2-token tile's
+    distinct slots (union16) or the request's (union128), cut in split order."""
+    import torch
+
+    from bench.gather_probe import HEADER, SOURCE, packed, row_sets
+    from kgen import nvrtc, sass
+    from kgen.sparse_testing import indexer_lists
+
+    for mode, op in ((0, "UBLKCP"), (1, "UBLKCP"), (2, "LDG.E.128")):
+        c = nvrtc.compile_cubin(SOURCE.read_text(), {"kgen/common.cuh": HEADER.read_text()}, "sm_90",
+                                "gather_probe", SOURCE.name, [f"-DMODE={mode}"])
+        assert c.report.spill_stores == 0
+        assert any(o.startswith(op) for o in sass.opcodes(sass.disassemble(c.cubin))), (mode, op)
+    lists = indexer_lists(torch.arange(8192), 16, 2048, shared=0.7, window=256, generator=torch.Generator().manual_seed(0))
+    sets = row_sets(lists)
+    assert [p.numel() for p in sets["gather16"]] == [128] * 256
+    assert torch.equal(sets["gather16"][33], lists[2:4].reshape(-1)[128:256])
+    tile0 = torch.cat(sets["union16"][:32])
+    assert torch.equal(tile0, torch.unique(lists[:2]))
+    assert torch.equal(torch.cat(sets["union128"]), torch.unique(lists)) and len(sets["union128"]) == 256
+    assert torch.cat(sets["union128"]).numel() < torch.cat(sets["union16"]).numel() < 16 * 2048
+    slots, begin = packed(sets["gather_t1"])
+    assert begin.tolist() == list(range(0, 2049, 64)) and torch.equal(slots, lists[0].int())
+    assert packed(sets["empty"])[1].tolist() == [0] * 257
+
+
 def test_model_validate_reads_ncu_csv():
     from bench.model_validate import parse_ncu_csv
 

@@ -15,6 +15,7 @@ import yaml
 
 import kgen
 from kgen.sparse import prefers_union
+from kgen.sparse_plan import tile_tokens
 from kgen.sparse_testing import SparseInputs, make_sparse_inputs
 from kgen.spec import parse_spec
 from kgen.accuracy import assert_all_written, assert_close_attention, tolerances
@@ -32,6 +33,7 @@ SPARSE_SPECS = {
     "glm5_dsa_fp8pt_sm120": {"cache": {"scales": "per_tensor"}},  # fp8 rows with one kv_scale per layer
     "glm5_dsa_tp4_p1_sm120": {"model": {"num_q_heads": 16}, "cache": {"page_size": 1, "kv_dtype": "bfloat16",
                                                                       "scales": None}, "tree": {"max_nodes": 256}},
+    "glm5_dsa_h4_sm120": {"model": {"num_q_heads": 4}},  # 4 heads a rank (TP16): 16-row tiles of 4 tokens
 }
 PLAN_ARCHS = [None, "sm_120"]  # the GPU's own plan, and the sm_120 plan run on it
 
@@ -139,12 +141,12 @@ def test_random_batches_up_to_64_requests(sparse_module, cuda, seed, arch):
 
 @pytest.mark.parametrize("arch", PLAN_ARCHS, ids=["own_plan", "sm120_plan"])
 def test_a_split_whose_list_outgrows_the_set_runs_in_rounds(sparse_module, cuda, seed, arch):
-    """One split per request (target_ctas 1): a row tile's 2 tokens with disjoint lists of 2048 name
-    4096 slots, a whole round's set (4096 keys: the most a 2-token tile can name at K = 2048); the
-    gather kernel's splits stay within one list's capacity. A round that overflows (the partition
-    halved, each round cleared after the last one's list was written: bench/NOTES.md v83's race)
-    needs tiles of more tokens (H <= 4), which no spec here has since both plans' 16-row tiles."""
-    mod = sparse_module("glm5_dsa_sm120", arch)
+    """One split per request (target_ctas 1): at 4 heads a 16-row tile holds 4 tokens, whose disjoint
+    lists of 2048 name 8192 slots, twice a round's set (4096 keys), so the union's split runs in
+    rounds (the partition halved, each round cleared after the last one's list was written:
+    bench/NOTES.md v83's race); the gather's splits stay within one list's capacity."""
+    mod = sparse_module("glm5_dsa_h4_sm120", arch)
+    assert tile_tokens(4, mod.plan.variant("sparse_combine").constants["BM"]) == 4
     x = make_sparse_inputs(mod.spec, [16, 4], [60000, 30000], 2048, shared=0.0, device=cuda,
                            generator=torch.Generator(cuda).manual_seed(seed))
     for union in (True, False):

@@ -1,0 +1,134 @@
+"""What the sparse call's key rows cost to move, with nothing else in the kernel (issue 21's B = 1).
+
+The B = 1 gather (B1 L131072 T16, 656-B rows) lands a CTA's 32-row tiles every ~1.7 us whoever issues
+their copies (bench/NOTES.md v111), which is either the memory system's rate for these rows or the
+kernel's own chain. bench/gather_probe.cu moves the same rows in kernels that do nothing else, for
+the row sets of each design a B = 1 call could use:
+
+- gather16: kgen's gather today: 8 row tiles of 2 tokens x 32 splits, each split 128 (token, key)
+  entries of its tile (each token's whole list, 32,768 rows a call);
+- union16: each 2-token tile's union, in 32 splits (the sm_90 plan's union kernel);
+- union128: the request's union (every token's list merged), in 256 splits (a 128-row tile);
+- gather_t1: one token's list in 32 splits (T = 1);
+- empty: the same grid with no rows (the launch and the kernel's start).
+
+Modes (gather_probe.cu): 0 kgen's producer (one bulk copy a row, a tile's slots fetched a tile
+ahead), 1 the same with every slot loaded first, 2 16-byte loads by every warp into registers.
+Each shape runs at 1 and 2 CTAs an SM (dynamic shared memory sets the occupancy), timed by CUDA-graph
+replay over rotated sets of rows (kgen/timing.py): every set its own slots of a pool larger than L2.
+
+    python -m bench.gather_probe --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from kgen.sparse_testing import indexer_lists
+from kgen.timing import time_rotation
+
+SOURCE = Path(__file__).with_name("gather_probe.cu")
+HEADER = Path(__file__).parents[1] / "templates" / "common.cuh"
+ROW = 656
+BN, STAGES = 32, 4
+RING_BYTES = STAGES * BN * ROW + 2 * STAGES * 8 + 1024 * 4  # ring, barriers, held slots (MODE 1)
+SMEM_FOR_CTAS = {1: 200 * 1024, 2: 110 * 1024}  # dynamic shared memory that leaves n CTAs an SM (H100/H200)
+assert RING_BYTES <= min(SMEM_FOR_CTAS.values())
+
+
+class Probe:
+    def __init__(self, device: torch.device, mode: int):
+        from cuda.bindings import driver
+
+        from kgen.nvrtc import compile_cubin
+        from kgen.runtime import check, ensure_context
+
+        major, minor = torch.cuda.get_device_capability(device)
+        compiled = compile_cubin(SOURCE.read_text(), {"kgen/common.cuh": HEADER.read_text()}, f"sm_{major}{minor}",
+                                 "gather_probe", SOURCE.name, [f"-DMODE={mode}", f"-DBN={BN}", f"-DSTAGES={STAGES}"])
+        ensure_context(device)
+        self.d, self.check, self.device = driver, check, device
+        self.module = check(driver.cuModuleLoadData(compiled.cubin), "loading gather_probe")
+        self.func = check(driver.cuModuleGetFunction(self.module, b"gather_probe"), "finding gather_probe")
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(driver.cuFuncSetAttribute(self.func, attr, max(SMEM_FOR_CTAS.values())), "raising shared memory")
+        self.report = compiled.report
+        self.out = torch.empty(1 << 16, dtype=torch.float32, device=device)
+
+    def launch(self, pool: torch.Tensor, slots: torch.Tensor, begin: torch.Tensor, smem: int) -> None:
+        stream = self.d.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        args = ((pool.data_ptr(), slots.data_ptr(), begin.data_ptr(), self.out.data_ptr()),
+                (ctypes.c_void_p,) * 4)
+        self.check(self.d.cuLaunchKernel(self.func, begin.numel() - 1, 1, 1, 160, 1, 1, smem, stream, args, 0),
+                   "launching gather_probe")
+
+
+def splits_of(rows: list[torch.Tensor], splits: int) -> list[torch.Tensor]:
+    """Each row set cut into `splits` near-equal parts, in order (kgen's split_entries)."""
+    out = []
+    for r in rows:
+        per = -(-r.numel() // splits)
+        out += [r[s * per:(s + 1) * per] for s in range(splits)]
+    return out
+
+
+def row_sets(lists: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """Per design, the slots each CTA moves ([16, 2048] lists of one request)."""
+    tiles = [lists[t:t + 2].reshape(-1) for t in range(0, lists.shape[0], 2)]
+    return {
+        "gather16": splits_of(tiles, 32),
+        "union16": splits_of([torch.unique(t) for t in tiles], 32),
+        "union128": splits_of([torch.unique(lists)], 256),
+        "gather_t1": splits_of([lists[0]], 32),
+        "empty": [lists[0][:0]] * 256,
+    }
+
+
+def packed(parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    sizes = torch.tensor([0] + [p.numel() for p in parts])
+    slots = torch.cat(parts) if sum(p.numel() for p in parts) else torch.zeros(1, dtype=torch.long)
+    return slots.to(torch.int32), sizes.cumsum(0).to(torch.int32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--length", type=int, default=131072)
+    ap.add_argument("--sets", type=int, default=24, help="rotated sets (each its own slots of the pool)")
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    g = torch.Generator(device).manual_seed(0)
+    pool = torch.empty(args.sets * args.length, ROW, dtype=torch.uint8, device=device)
+    per_set = [indexer_lists(torch.arange(args.length, device=device) + k * args.length, 16, 2048, shared=0.7,
+                             window=256, generator=g) for k in range(args.sets)]
+    designs = {}
+    for k, lists in enumerate(per_set):
+        for name, parts in row_sets(lists.cpu()).items():
+            designs.setdefault(name, []).append(tuple(t.to(device) for t in packed(parts)))
+    rows = []
+    for mode in (0, 1, 2):
+        probe = Probe(device, mode)
+        for ctas in (2, 1):
+            for name, sets in designs.items():
+                calls = [lambda s=s, b=b: probe.launch(pool, s, b, SMEM_FOR_CTAS[ctas]) for s, b in sets]
+                us = time_rotation(calls)
+                moved = sets[0][1][-1].item()
+                row = dict(mode=mode, ctas_per_sm=ctas, design=name, grid=sets[0][1].numel() - 1, rows=moved,
+                           mb=round(moved * ROW / 1e6, 2), us=round(us, 2),
+                           tbps=round(moved * ROW / (us * 1e-6) / 1e12, 2) if moved else None,
+                           regs=probe.report.registers if probe.report else None)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = f"gather-probe-{torch.cuda.get_device_name(device).split()[-1].lower()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    (args.out / name).write_text(json.dumps(dict(device=torch.cuda.get_device_name(device), rows=rows), indent=1))
+
+
+if __name__ == "__main__":
+    main()
