@@ -8,6 +8,7 @@ the row sets of each design a B = 1 call could use:
 - gather16: kgen's gather today: 8 row tiles of 2 tokens x 32 splits, each split 128 (token, key)
   entries of its tile (each token's whole list, 32,768 rows a call);
 - union16: each 2-token tile's union, in 32 splits (the sm_90 plan's union kernel);
+- union64: each 8-token tile's union (a 64-row tile), in 128 splits;
 - union128: the request's union (every token's list merged), in 256 splits (a 128-row tile);
 - gather_t1: one token's list in 32 splits (T = 1);
 - empty: the same grid with no rows (the launch and the kernel's start).
@@ -84,6 +85,7 @@ def row_sets(lists: torch.Tensor) -> dict[str, list[torch.Tensor]]:
     return {
         "gather16": splits_of(tiles, 32),
         "union16": splits_of([torch.unique(t) for t in tiles], 32),
+        "union64": splits_of([torch.unique(lists[t:t + 8]) for t in range(0, lists.shape[0], 8)], 128),
         "union128": splits_of([torch.unique(lists)], 256),
         "gather_t1": splits_of([lists[0]], 32),
         "empty": [lists[0][:0]] * 256,

@@ -155,7 +155,7 @@ def test_cvt_peak_compiles_to_the_fp8_unpack_of_the_attention_loops():
 def test_gather_probe_moves_rows_by_bulk_copies_or_loads_and_cuts_each_designs_rows():
     """bench.gather_probe: modes 0 and 1 stage rows by bulk copies, mode 2 by 16-byte loads, none
     spills; a B = 1 T16 request's rows per design are its entries (gather), each 2-token tile's
-    distinct slots (union16) or the request's (union128), cut in split order."""
+    distinct slots (union16), each 8-token tile's (union64) or the request's (union128), cut in split order."""
     import torch
 
     from bench.gather_probe import HEADER, SOURCE, packed, row_sets
@@ -174,7 +174,9 @@ def test_gather_probe_moves_rows_by_bulk_copies_or_loads_and_cuts_each_designs_r
     tile0 = torch.cat(sets["union16"][:32])
     assert torch.equal(tile0, torch.unique(lists[:2]))
     assert torch.equal(torch.cat(sets["union128"]), torch.unique(lists)) and len(sets["union128"]) == 256
-    assert torch.cat(sets["union128"]).numel() < torch.cat(sets["union16"]).numel() < 16 * 2048
+    assert torch.equal(torch.cat(sets["union64"][128:]), torch.unique(lists[8:]))
+    sizes = [torch.cat(sets[d]).numel() for d in ("union128", "union64", "union16", "gather16")]
+    assert sizes == sorted(sizes) and sizes[-1] == 16 * 2048
     slots, begin = packed(sets["gather_t1"])
     assert begin.tolist() == list(range(0, 2049, 64)) and torch.equal(slots, lists[0].int())
     assert packed(sets["empty"])[1].tolist() == [0] * 257
