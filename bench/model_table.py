@@ -406,9 +406,11 @@ def main(argv: list[str] | None = None) -> int:
                for d in sorted({k.split(":")[0] for k in x if ":" in k})}
     shared = {k: v for k, v in x.items() if ":" not in k}
     if a.fit:
+        sparse = {k: v for k, v in json.loads(model.CALIBRATION_FILE.read_text()).items() if k.startswith("sparse")}
         model.CALIBRATION_FILE.write_text(json.dumps({"calibration": shared, "designs": designs, "validation": overall,
                                                       **({"out_of_sample": held} if held else {}),
-                                                      **({"cross_validation": crossed} if crossed else {})},
+                                                      **({"cross_validation": crossed} if crossed else {}),
+                                                      **sparse},  # bench.sparse_model_table's terms
                                                      indent=1) + "\n")
         model.calibration.cache_clear()
     predictions = sm120_predictions(x)

@@ -151,13 +151,14 @@ def modeled(tiles: Tiles) -> bool:
     return designs.of(tiles).modeled
 
 
-def tile_work(p: Plan, arch: Arch) -> TileWork:
-    """What one CTA of the plan does per KV tile on `arch`, from the SASS of its design's loop."""
+def tile_work(p: Plan, arch: Arch, kernel: str | None = None) -> TileWork:
+    """What one CTA of the plan does per KV tile on `arch`, from the SASS of its design's loop in
+    `kernel` (default: the design's modeled kernel; the sparse model reads the sparse kernels')."""
     design = designs.of(p.tiles)
     if not design.modeled:
         raise KgenError(f"the performance model has no entry for the {design.name} loop "
                         f"(modeled: {', '.join(d.name for d in designs.DESIGNS if d.modeled)})")
-    return design.tile_work(p.spec, p.tiles, _loop(p.variant(design.modeled_kernel), arch.name))
+    return design.tile_work(p.spec, p.tiles, _loop(p.variant(kernel or design.modeled_kernel), arch.name))
 
 
 # ---- a call ----
@@ -287,14 +288,18 @@ class Call:
 
     def predict(self, cal: Calibration | None = None) -> Prediction:
         cal = cal or calibration(terms_of(self.plan.tiles))
-        arch, spec, shape = self.arch, self.spec, self.shape
-        cycles, pipe = compute_cycles(self.work, arch, cal)
-        compute_us = cycles / (arch.clock_ghz * 1e3)
+        cycles, pipe = compute_cycles(self.work, self.arch, cal)
+        compute_us = cycles / (self.arch.clock_ghz * 1e3)
         ring_us = ring_bound_us(self.plan.tiles, cal.latency_us, compute_us)
         if ring_us > compute_us:
             compute_us, pipe = ring_us, "latency"
+        return self.finish(cal, compute_us, pipe, self.startup_us(cal))
+
+    def finish(self, cal: Calibration, compute_us: float, pipe: str, startup: float) -> Prediction:
+        """The call's time once a tile's compute and an item's startup are known: the items' makespan
+        on the GPU's slots, then the combine."""
+        arch, spec, shape = self.arch, self.spec, self.shape
         bandwidth = self.dram_efficiency(cal) * arch.dram_gbps * 1e3  # bytes per us
-        startup = self.startup_us(cal)
         makespan, dram_bound = simulate(self.items, self.slots, compute_us, bandwidth, startup)
         # the combine: one CTA per output row reads the row's states, a latency chain of
         # combine_rounds batches per wave of rows, or all states at the DRAM bandwidth — unless they

@@ -4,20 +4,36 @@ A sparse call is the mma.sync tile loop over each work item's key list: the item
 schedule (find_sparse_item) for B identical requests whose lists share round(shared * K) slots and
 pick the rest on their own (kgen.sparse_testing's indexer shape), so a row tile of n tokens reads
 shared + n * own keys and a request's union is shared + T * own. The row tiles of a split read
-their slices side by side, so DRAM sees each union row once. Each union item first builds its list
-(scans its tokens' entries from L2); that build is added to the item's startup. Where the step runs
-the per-token gather (kgen/sparse.py prefers_union), an item's keys are its share of the row tile's
-entries, one a (token, key), and it builds nothing. A MODEL, not a measurement: the tile loop and the
-calibration are the dense path's.
+their slices side by side, so DRAM sees each union row once. The kernel is the one the step picks
+by size (kgen/sparse.py prefers_union), or either on request: a union item lists its share of its
+row tile's union after building that list (it scans all of its tile's entries and inserts those of
+its hash partition; a one-token tile lists its entries as they are); a gather item's keys are its share of the tile's entries, one a (token, key),
+and it builds nothing.
+
+The sparse loop is latency-bound (bench/NOTES.md: ~1.7-1.9 us a 32-key tile a CTA with one CTA an SM
+or two; s55a: most of it the rows' round trip), so a tile takes a CTA
+
+    tile = max(chain_us, CTAs sharing its SM x the tile's compute from the kernel's SASS / clock)
+
+chain_us is a time, not cycles: the rows' memory latency does not shrink with a faster clock.
+
+and an item starts after item_us (its schedule lookup, Q's rows, its partial state) plus, for the
+union, scan_cycles per entry of its row tile and insert_cycles per entry it inserts. The combine of
+the bf16 partial states costs combine_us. These five terms (SparseCalibration) are fitted on
+bench.sparse measurements of both plans (python -m bench.sparse_model_table); the tile's compute
+and the combine's load chains use the dense calibration. A MODEL, not a measurement.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from .arch import Arch, get_arch
 from . import kvrows
-from .model import Call, Floor, Item, Prediction, Shape, calibration, combine_shape, tile_work
+from .model import (CALIBRATION_FILE, Call, Floor, Item, Prediction, Shape, calibration, combine_shape, compute_cycles,
+                    tile_work)
 from .plan import plan
 from .sparse_plan import (PART_O_BYTES, UNBOUNDED, list_capacity, request_splits, sparse_tiles, tile_tokens, tree_apart,
                           union_by_size)
@@ -25,7 +41,23 @@ from .splitkv import ceil_div
 from .variant import PlanContext
 from .spec import Spec
 
-L2_BYTES_PER_CLK = 64  # list entries an SM reads from L2 per cycle (an assumption, not fitted)
+KERNELS = {"union": "sparse_verify_attn", "gather": "sparse_gather_attn"}
+
+
+@dataclass(frozen=True)
+class SparseCalibration:
+    """The sparse path's own terms (module docstring), fitted by python -m bench.sparse_model_table."""
+
+    chain_us: float  # the least time a CTA spends on a key tile, whatever its SM runs beside it (its rows' round trip)
+    item_us: float  # a work item's time outside its tile loop and key list
+    scan_cycles: float  # per entry of its row tile a union item's build reads
+    insert_cycles: float  # per entry a union item's build inserts (its hash partition's share)
+    combine_us: float  # the sparse combine (bf16 partial states, launched under the attention kernel's tail)
+
+
+@lru_cache(maxsize=None)
+def sparse_calibration() -> SparseCalibration:
+    return SparseCalibration(**json.loads(CALIBRATION_FILE.read_text())["sparse"])
 
 
 @dataclass(frozen=True)
@@ -54,26 +86,30 @@ def sparse_floor(spec: Spec, s: SparseShape, arch: Arch) -> Floor:
     return Floor(nbytes, flops, nbytes / (arch.dram_gbps * 1e9) * 1e6, flops / (rate * 1e12) * 1e6)
 
 
-def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: str | None = None) -> Prediction:
+def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: str | None = None,
+                   kernel: str | None = None, cal: SparseCalibration | None = None) -> Prediction:
     """Modeled time of one sparse_verify_attention call of `s` on `arch` with the plan for `plan_for`,
-    on the kernel the step picks by size (the union or the per-token gather)."""
+    on `kernel` ("union" or "gather"; default: the one the step picks by size). The tree keys come
+    as the pool stores them (the step's contract: nothing to quantize in the call)."""
     arch = get_arch(arch) if isinstance(arch, str) else arch
+    cal = cal or sparse_calibration()
     base = plan(spec, plan_for)
     p = plan(spec, base.arch, sparse_tiles(PlanContext(spec, base.arch, base.tiles, "")))
-    sh, bm, bn = s.shape, p.tiles.bm, p.tiles.bn
+    sh, bm, bn = replace(s.shape, stored_tree=True), p.tiles.bm, p.tiles.bn
     heads = spec.model.num_q_heads
     tokens = min(sh.T, tile_tokens(heads, bm))
     entries = tokens * spec.model.index_topk
     target = arch.sm_count * p.tiles.min_blocks
-    # the kernel a step runs by size (kgen/sparse.py prefers_union): the union's split lists its share of
-    # the row tile's union, the gather's reads its share of the tile's entries, one key each, no list
-    union = union_by_size(heads, bm, sh.B * sh.T, target, p.tiles.min_blocks)
+    union = union_by_size(heads, bm, sh.B * sh.T, target, p.tiles.min_blocks) if kernel is None else kernel == "union"
     max_chunk = UNBOUNDED if union else list_capacity(p.variant("sparse_verify_attn").constants["TABLE"])
     row_tiles, splits = request_splits(heads, bm, sh.T, spec.model.index_topk, target, max_chunk, sh.B)
     keys = (unions(spec, s, tokens) if union else entries) / splits  # a row tile's share of its split
     request_bytes = unions(spec, s, sh.T) / splits * kvrows.row_bytes(spec)
     tree_tiles = ceil_div(sh.T, bn)
     apart = tree_apart(sh.B, row_tiles, splits, target)  # then the tree is one more split
+    # a union item scans its row tile's entries and inserts its hash partition's share (a one-token
+    # tile's entries are distinct: it lists them as the gather does, bench/NOTES.md v52)
+    build = entries * cal.scan_cycles + entries / splits * cal.insert_cycles if union and tokens > 1 else 0.0
     items = []
     for split in range(splits):
         tiles = max(1, ceil_div(round(keys), bn) + (tree_tiles if split == splits - 1 and not apart else 0))
@@ -81,13 +117,19 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     if apart:
         items += [Item(tree_tiles, 0.0)] * row_tiles  # the tree's rows come from k_tree, not the cache
         splits += 1
-    work = tile_work(p, arch)
+    dense = calibration()
+    work = tile_work(p, arch, KERNELS["union" if union else "gather"])
     all_items = tuple(items * sh.B)
     call = Call(spec, sh, arch, p, work, all_items, splits, *combine_shape(p, sh, arch, len(all_items), splits),
                 part_o_bytes=PART_O_BYTES, paged_keys=False)
-    cal = calibration()
-    build_us = entries * 4 / (L2_BYTES_PER_CLK * arch.clock_ghz * 1e3) if union else 0.0
-    prediction = call.predict(replace(cal, startup_us=cal.startup_us + build_us))
+    # the CTAs that share an SM: min_blocks once the grid fills every SM, fewer where it does not
+    sharing = min(p.tiles.min_blocks, ceil_div(len(all_items), arch.sm_count))
+    cycles, pipe = compute_cycles(work, arch, dense)
+    tile_us = sharing * cycles / (arch.clock_ghz * 1e3)
+    if cal.chain_us >= tile_us:
+        tile_us, pipe = cal.chain_us, "latency"
+    startup = cal.item_us + build / (arch.clock_ghz * 1e3)
+    prediction = call.finish(replace(dense, combine_us=cal.combine_us), tile_us, pipe, startup)
     return replace(prediction, floor=sparse_floor(spec, s, arch))
 
 

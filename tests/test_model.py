@@ -406,3 +406,73 @@ def test_occupancy_names_the_limiting_resource(arch, threads, regs, smem, ctas, 
     occ = occupancy(arch, threads, regs, smem)
     assert (occ.ctas_per_sm, occ.limit) == (ctas, limit)
     assert occ.warps_per_sm == ctas * threads // 32
+
+
+# ---- the sparse model (kgen/sparse_model.py, bench/sparse_model_table.py) ----
+
+def sparse_call(shape: Shape, shared: float = 0.7, plan_for: str = "sm_90", **kw):
+    from kgen.sparse_model import SparseShape, predict_sparse
+
+    return predict_sparse(spec("glm5_dsa_sm120"), SparseShape(shape, shared), "sm_90", plan_for=plan_for, **kw)
+
+
+def test_the_sparse_model_runs_the_kernel_the_step_picks_or_the_one_asked_for():
+    b1, b32 = Shape(8, 16, 131072, 1, 64), Shape(8, 16, 32768, 32, 64)
+    assert sparse_call(b1).us == sparse_call(b1, kernel="gather").us != sparse_call(b1, kernel="union").us
+    assert sparse_call(b32).us == sparse_call(b32, kernel="union").us < sparse_call(b32, kernel="gather").us
+
+
+def test_a_sparse_tile_takes_at_least_its_chain_and_a_union_item_pays_its_list():
+    from dataclasses import replace
+
+    from kgen.sparse_model import sparse_calibration
+
+    cal, b8, t1 = sparse_calibration(), Shape(8, 16, 131072, 8, 64), Shape(8, 1, 131072, 1, 64)
+    union = sparse_call(b8, kernel="union", cal=cal)
+    assert union.binding == "latency"
+    assert sparse_call(b8, kernel="union", cal=replace(cal, chain_us=2 * cal.chain_us)).us > 1.5 * union.us
+    assert sparse_call(b8, kernel="union", cal=replace(cal, chain_us=0.0)).binding in ("tensor", "smem", "issue")
+    costly_list = replace(cal, scan_cycles=cal.scan_cycles + 1, insert_cycles=cal.insert_cycles + 1)
+    assert sparse_call(b8, kernel="union", cal=costly_list).us > union.us
+    assert sparse_call(b8, kernel="gather", cal=costly_list).us == sparse_call(b8, kernel="gather", cal=cal).us
+    # a one-token tile's union lists its entries as they are (bench/NOTES.md v52): no build to pay
+    assert sparse_call(t1, kernel="union", cal=costly_list).us == sparse_call(t1, kernel="union", cal=cal).us
+
+
+def test_sparse_model_table_reads_both_kernels_of_each_bench_sparse_row_and_fits_them(tmp_path):
+    from dataclasses import replace
+
+    from bench import sparse_model_table as table
+    from kgen.sparse_model import sparse_calibration
+
+    rows = [{"B": b, "L": length, "T": 16, "shared": 0.7, "us_union": 1.0, "us_gather": 1.0, "default": "union"}
+            for b, length in ((1, 131072), (8, 131072), (32, 32768))]
+    result = tmp_path / "sparse.json"
+    result.write_text(json.dumps({"spec": "glm5_dsa_sm120", "plan_arch": "sm_120", "device": "test", "rows": rows}))
+    pairs = table.load_pairs([result])
+    assert [(p["B"], p["kernel"], p["default"]) for p in pairs] == [
+        (1, "union", True), (1, "gather", False), (8, "union", True), (8, "gather", False),
+        (32, "union", True), (32, "gather", False)]
+    truth = replace(sparse_calibration(), chain_us=2.5, combine_us=3.0)
+    for p in pairs:  # measurements the model makes with known terms: the fit finds them again
+        p["us"] = table.modeled(p, truth)
+    assert pairs[1]["us"] == sparse_call(Shape(8, 16, 131072, 1, 64), plan_for="sm_120", kernel="gather", cal=truth).us
+    fitted = table.fit(pairs, sparse_calibration())
+    assert table.loss(pairs, fitted) < 1e-4 < table.loss(pairs, sparse_calibration())
+    assert fitted.chain_us == pytest.approx(2.5, rel=0.05) and fitted.item_us == truth.item_us  # item_us stays as traced
+
+
+def test_the_shipped_sparse_terms_are_the_docs_and_hold_out_of_sample():
+    """docs/performance_model.md's sparse block is bench.sparse_model_table's output for the shipped terms:
+    every pair within 10% rms, and each plan's pairs within 15% rms under the other plan's terms."""
+    import re
+
+    from bench import sparse_model_table as table
+    from kgen.sparse_model import SparseCalibration, sparse_calibration
+
+    data = json.loads(model.CALIBRATION_FILE.read_text())["sparse"]
+    assert SparseCalibration(**data) == sparse_calibration()
+    block = (ROOT / "docs" / "performance_model.md").read_text().split(table.BEGIN)[1].split(table.END)[0]
+    assert ", ".join(f"{k} {v}" for k, v in data.items()) in block
+    rms = [float(x) for x in re.findall(r"rms ([0-9.]+)%", block)]
+    assert len(rms) == 3 and rms[0] <= 10 and max(rms[1:]) <= 15, rms
