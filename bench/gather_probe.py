@@ -18,7 +18,9 @@ ahead), 1 the same with every slot loaded first, 2 16-byte loads by every warp i
 Each shape runs at 1 and 2 CTAs an SM (dynamic shared memory sets the occupancy), timed by CUDA-graph
 replay over rotated sets of rows (kgen/timing.py): every set its own slots of a pool larger than L2.
 
-    python -m bench.gather_probe --out DIR
+    python -m bench.gather_probe --out DIR [--shape B,L,T] [--modes 0,1,2] [--ctas-per-sm 2,1]
+
+A batched shape's designs split each row tile so that a wave holds about 256 CTAs.
 """
 
 from __future__ import annotations
@@ -79,17 +81,21 @@ def splits_of(rows: list[torch.Tensor], splits: int) -> list[torch.Tensor]:
     return out
 
 
-def row_sets(lists: torch.Tensor) -> dict[str, list[torch.Tensor]]:
-    """Per design, the slots each CTA moves ([16, 2048] lists of one request)."""
-    tiles = [lists[t:t + 2].reshape(-1) for t in range(0, lists.shape[0], 2)]
-    return {
-        "gather16": splits_of(tiles, 32),
-        "union16": splits_of([torch.unique(t) for t in tiles], 32),
-        "union64": splits_of([torch.unique(lists[t:t + 8]) for t in range(0, lists.shape[0], 8)], 128),
-        "union128": splits_of([torch.unique(lists)], 256),
-        "gather_t1": splits_of([lists[0]], 32),
-        "empty": [lists[0][:0]] * 256,
-    }
+def row_sets(requests: list[torch.Tensor], ctas: int = 256) -> dict[str, list[torch.Tensor]]:
+    """Per design, the slots each CTA moves, for requests' [T, K] lists: a design's row tiles of n
+    tokens each split in max(1, ctas // tiles) (a wave of about `ctas` CTAs, as kgen's schedule)."""
+    def tiles(n: int) -> list[torch.Tensor]:
+        return [r[t:t + n] for r in requests for t in range(0, r.shape[0], n)]
+
+    def cut(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return splits_of(parts, max(1, ctas // len(parts)))
+
+    sets = {"gather16": cut([t.reshape(-1) for t in tiles(2)]), "union16": cut([torch.unique(t) for t in tiles(2)]),
+            "union64": cut([torch.unique(t) for t in tiles(8)]), "union128": cut([torch.unique(t) for t in tiles(16)])}
+    if len(requests) == 1:
+        sets["gather_t1"] = splits_of([requests[0][0]], 32)  # T1: one token's list, the gather's 32 splits
+    sets["empty"] = [requests[0][0][:0]] * ctas
+    return sets
 
 
 def packed(parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,34 +107,38 @@ def packed(parts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
-    ap.add_argument("--length", type=int, default=131072)
-    ap.add_argument("--sets", type=int, default=24, help="rotated sets (each its own slots of the pool)")
+    ap.add_argument("--shape", default="1,131072,16", metavar="B,L,T", help="requests, prefix length, tokens each")
+    ap.add_argument("--modes", default="0,1,2")
+    ap.add_argument("--ctas-per-sm", default="2,1")
     args = ap.parse_args()
+    b, length, t = map(int, args.shape.split(","))
     device = torch.device("cuda")
     g = torch.Generator(device).manual_seed(0)
-    pool = torch.empty(args.sets * args.length, ROW, dtype=torch.uint8, device=device)
-    per_set = [indexer_lists(torch.arange(args.length, device=device) + k * args.length, 16, 2048, shared=0.7,
-                             window=256, generator=g) for k in range(args.sets)]
+    # rotated sets: each its own slots of the pool, together >= 3x L2 in the rows a union design moves
+    sets = min(24, max(2, -(-3 * (50 << 20) // (b * min(length, 11000) * ROW))))
+    pool = torch.empty(sets * b * length, ROW, dtype=torch.uint8, device=device)
     designs = {}
-    for k, lists in enumerate(per_set):
-        for name, parts in row_sets(lists.cpu()).items():
-            designs.setdefault(name, []).append(tuple(t.to(device) for t in packed(parts)))
+    for k in range(sets):
+        requests = [indexer_lists(torch.arange(length, device=device) + (k * b + r) * length, t, 2048, shared=0.7,
+                                  window=256, generator=g).cpu() for r in range(b)]
+        for name, parts in row_sets(requests).items():
+            designs.setdefault(name, []).append(tuple(x.to(device) for x in packed(parts)))
     rows = []
-    for mode in (0, 1, 2):
+    for mode in map(int, args.modes.split(",")):
         probe = Probe(device, mode)
-        for ctas in (2, 1):
-            for name, sets in designs.items():
-                calls = [lambda s=s, b=b: probe.launch(pool, s, b, SMEM_FOR_CTAS[ctas]) for s, b in sets]
+        for ctas in map(int, args.ctas_per_sm.split(",")):
+            for name, runs in designs.items():
+                calls = [lambda s=s, c=c: probe.launch(pool, s, c, SMEM_FOR_CTAS[ctas]) for s, c in runs]
                 us = time_rotation(calls)
-                moved = sets[0][1][-1].item()
-                row = dict(mode=mode, ctas_per_sm=ctas, design=name, grid=sets[0][1].numel() - 1, rows=moved,
-                           mb=round(moved * ROW / 1e6, 2), us=round(us, 2),
+                moved = runs[0][1][-1].item()
+                row = dict(shape=args.shape, mode=mode, ctas_per_sm=ctas, design=name, grid=runs[0][1].numel() - 1,
+                           rows=moved, mb=round(moved * ROW / 1e6, 2), us=round(us, 2),
                            tbps=round(moved * ROW / (us * 1e-6) / 1e12, 2) if moved else None,
                            regs=probe.report.registers if probe.report else None)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    name = f"gather-probe-{torch.cuda.get_device_name(device).split()[-1].lower()}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    name = f"gather-probe-{args.shape.replace(',', '-')}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     (args.out / name).write_text(json.dumps(dict(device=torch.cuda.get_device_name(device), rows=rows), indent=1))
 
 

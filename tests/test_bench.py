@@ -168,7 +168,7 @@ def test_gather_probe_moves_rows_by_bulk_copies_or_loads_and_cuts_each_designs_r
         assert c.report.spill_stores == 0
         assert any(o.startswith(op) for o in sass.opcodes(sass.disassemble(c.cubin))), (mode, op)
     lists = indexer_lists(torch.arange(8192), 16, 2048, shared=0.7, window=256, generator=torch.Generator().manual_seed(0))
-    sets = row_sets(lists)
+    sets = row_sets([lists])
     assert [p.numel() for p in sets["gather16"]] == [128] * 256
     assert torch.equal(sets["gather16"][33], lists[2:4].reshape(-1)[128:256])
     tile0 = torch.cat(sets["union16"][:32])
@@ -180,6 +180,9 @@ def test_gather_probe_moves_rows_by_bulk_copies_or_loads_and_cuts_each_designs_r
     slots, begin = packed(sets["gather_t1"])
     assert begin.tolist() == list(range(0, 2049, 64)) and torch.equal(slots, lists[0].int())
     assert packed(sets["empty"])[1].tolist() == [0] * 257
+    batched = row_sets([lists, lists + 8192] * 16)  # B32: 256 two-token tiles, one split each
+    assert len(batched["gather16"]) == 256 and "gather_t1" not in batched
+    assert [len(batched[d]) for d in ("union64", "union128")] == [256, 256]  # 64 and 32 tiles: 4 and 8 splits
 
 
 def test_model_validate_reads_ncu_csv():
