@@ -362,11 +362,12 @@ def markdown(table: list[dict], x: dict, overall: dict, held: dict | None,
     return "\n".join(lines) + "\n"
 
 
-def write_docs(text: str) -> None:
+def write_docs(text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the generated block between `begin` and `end` of docs/performance_model.md."""
     doc = DOCS.read_text()
-    head, rest = doc.split(BEGIN)
-    _, tail = rest.split(END)
-    DOCS.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+    head, rest = doc.split(begin)
+    _, tail = rest.split(end)
+    DOCS.write_text(f"{head}{begin}\n{text}{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
