@@ -3,6 +3,6 @@
 # Carry .whl_kgen. ~2 min.
 set -u
 source bench/pending/steps.sh
-step probe_b32 150 python3 -m bench.gather_probe --shape 32,32768,16 --modes 0 --out "$OUT"
-step probe_b8 120 python3 -m bench.gather_probe --shape 8,131072,16 --modes 0 --out "$OUT"
+step probe_b32 130 python3 -m bench.gather_probe --shape 32,32768,16 --modes 0 --out "$OUT"
+step probe_b8 110 python3 -m bench.gather_probe --shape 8,131072,16 --modes 0 --out "$OUT"
 cat "$OUT"/probe_b*.log; cat "$OUT/summary.log"
