@@ -7,21 +7,21 @@ shared + n * own keys and a request's union is shared + T * own. The row tiles o
 their slices side by side, so DRAM sees each union row once. The kernel is the one the step picks
 by size (kgen/sparse.py prefers_union), or either on request: a union item lists its share of its
 row tile's union after building that list (it scans all of its tile's entries and inserts those of
-its hash partition; a one-token tile lists its entries as they are); a gather item's keys are its share of the tile's entries, one a (token, key),
-and it builds nothing.
+its hash partition; a one-token tile lists its entries as they are); a gather item's keys are its
+share of the tile's entries, one a (token, key), and it builds nothing.
 
 The sparse loop is latency-bound (bench/NOTES.md: ~1.7-1.9 us a 32-key tile a CTA with one CTA an SM
 or two; s55a: most of it the rows' round trip), so a tile takes a CTA
 
     tile = max(chain_us, CTAs sharing its SM x the tile's compute from the kernel's SASS / clock)
 
-chain_us is a time, not cycles: the rows' memory latency does not shrink with a faster clock.
-
 and an item starts after item_us (its schedule lookup, Q's rows, its partial state) plus, for the
-union, scan_cycles per entry of its row tile and insert_cycles per entry it inserts. The combine of
-the bf16 partial states costs combine_us. These five terms (SparseCalibration) are fitted on
-bench.sparse measurements of both plans (python -m bench.sparse_model_table); the tile's compute
-and the combine's load chains use the dense calibration. A MODEL, not a measurement.
+union, scan_cycles per entry of its row tile and insert_cycles per entry it inserts. chain_us is a
+time, not cycles: the rows' memory latency does not shrink with a faster clock. The combine of the
+bf16 partial states costs combine_us. Of these five terms (SparseCalibration) item_us is traced and
+the others are fitted on bench.sparse measurements of both plans (python -m bench.sparse_model_table);
+the tile's compute and the combine's load chains use the dense calibration. A MODEL, not a
+measurement.
 """
 
 from __future__ import annotations
