@@ -66,23 +66,43 @@ def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, reps: int = 10) 
     return 2 * nbytes / (statistics.median(ms) * 1e-3) / 1e12, nbytes, ms
 
 
-class _PeakKernel:
-    """A microbenchmark `name(float* out, int iters)` from `source`: PEAK_THREADS threads x
-    PEAK_BLOCKS_PER_SM CTAs per SM, each thread running `iters` iterations."""
+class SourceKernel:
+    """A bench kernel `name(...)` from `source` (with `headers` and NVRTC `options`), compiled for the
+    device's arch through kgen's NVRTC path and loaded with the driver API; launched on torch's
+    current stream. `smem_limit`: the dynamic shared memory its launches may ask for."""
 
-    def __init__(self, device: torch.device, source: Path, name: str):
+    def __init__(self, device: torch.device, source: Path, name: str, headers: dict[str, str] | None = None,
+                 options: tuple[str, ...] = (), smem_limit: int = 0):
         from cuda.bindings import driver
 
         from kgen.nvrtc import compile_cubin
         from kgen.runtime import check, ensure_context
 
         major, minor = torch.cuda.get_device_capability(device)
-        self.arch, self.name = f"sm_{major}{minor}", name
-        compiled = compile_cubin(source.read_text(), {}, self.arch, name, source.name)
+        self.arch, self.name, self.device = f"sm_{major}{minor}", name, device
+        compiled = compile_cubin(source.read_text(), headers or {}, self.arch, name, source.name, options)
+        self.report = compiled.report
         ensure_context(device)
-        self._driver, self._check, self.device = driver, check, device
+        self._driver, self._check = driver, check
         self._module = check(driver.cuModuleLoadData(compiled.cubin), f"loading {name}")
         self._func = check(driver.cuModuleGetFunction(self._module, name.encode()), f"finding {name}")
+        if smem_limit:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            check(driver.cuFuncSetAttribute(self._func, attr, smem_limit), f"raising {name}'s shared memory")
+
+    def launch(self, grid: int, threads: int, args: tuple, types: tuple, smem: int = 0) -> None:
+        d = self._driver
+        stream = d.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        self._check(d.cuLaunchKernel(self._func, grid, 1, 1, threads, 1, 1, smem, stream, (args, types), 0),
+                    f"launching {self.name}")
+
+
+class _PeakKernel(SourceKernel):
+    """A microbenchmark `name(float* out, int iters)` from `source`: PEAK_THREADS threads x
+    PEAK_BLOCKS_PER_SM CTAs per SM, each thread running `iters` iterations."""
+
+    def __init__(self, device: torch.device, source: Path, name: str):
+        super().__init__(device, source, name)
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.grid = sms * PEAK_BLOCKS_PER_SM
         self.out = torch.empty(self.grid * PEAK_THREADS, dtype=torch.float32, device=device)
@@ -91,11 +111,7 @@ class _PeakKernel:
         return self.grid * (PEAK_THREADS // 32) * iters
 
     def __call__(self, iters: int) -> None:
-        d = self._driver
-        stream = d.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
-        args = ((self.out.data_ptr(), iters), (ctypes.c_void_p, ctypes.c_int32))
-        self._check(d.cuLaunchKernel(self._func, self.grid, 1, 1, PEAK_THREADS, 1, 1, 0, stream, args, 0),
-                    f"launching {self.name}")
+        self.launch(self.grid, PEAK_THREADS, (self.out.data_ptr(), iters), (ctypes.c_void_p, ctypes.c_int32))
 
     def timed(self, target_ms: float, reps: int) -> tuple[int, list[float]]:
         """(iterations, milliseconds of `reps` launches of about target_ms each)."""

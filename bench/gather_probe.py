@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from bench.ceilings import SourceKernel
 from kgen.sparse_testing import indexer_lists
 from kgen.timing import time_rotation
 
@@ -45,31 +46,15 @@ SMEM_FOR_CTAS = {1: 200 * 1024, 2: 110 * 1024}  # dynamic shared memory that lea
 assert RING_BYTES <= min(SMEM_FOR_CTAS.values())
 
 
-class Probe:
+class Probe(SourceKernel):
     def __init__(self, device: torch.device, mode: int):
-        from cuda.bindings import driver
-
-        from kgen.nvrtc import compile_cubin
-        from kgen.runtime import check, ensure_context
-
-        major, minor = torch.cuda.get_device_capability(device)
-        compiled = compile_cubin(SOURCE.read_text(), {"kgen/common.cuh": HEADER.read_text()}, f"sm_{major}{minor}",
-                                 "gather_probe", SOURCE.name, [f"-DMODE={mode}", f"-DBN={BN}", f"-DSTAGES={STAGES}"])
-        ensure_context(device)
-        self.d, self.check, self.device = driver, check, device
-        self.module = check(driver.cuModuleLoadData(compiled.cubin), "loading gather_probe")
-        self.func = check(driver.cuModuleGetFunction(self.module, b"gather_probe"), "finding gather_probe")
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        check(driver.cuFuncSetAttribute(self.func, attr, max(SMEM_FOR_CTAS.values())), "raising shared memory")
-        self.report = compiled.report
+        super().__init__(device, SOURCE, "gather_probe", {"kgen/common.cuh": HEADER.read_text()},
+                         (f"-DMODE={mode}", f"-DBN={BN}", f"-DSTAGES={STAGES}"), max(SMEM_FOR_CTAS.values()))
         self.out = torch.empty(1 << 16, dtype=torch.float32, device=device)
 
-    def launch(self, pool: torch.Tensor, slots: torch.Tensor, begin: torch.Tensor, smem: int) -> None:
-        stream = self.d.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
-        args = ((pool.data_ptr(), slots.data_ptr(), begin.data_ptr(), self.out.data_ptr()),
-                (ctypes.c_void_p,) * 4)
-        self.check(self.d.cuLaunchKernel(self.func, begin.numel() - 1, 1, 1, 160, 1, 1, smem, stream, args, 0),
-                   "launching gather_probe")
+    def __call__(self, pool: torch.Tensor, slots: torch.Tensor, begin: torch.Tensor, smem: int) -> None:
+        self.launch(begin.numel() - 1, 160, (pool.data_ptr(), slots.data_ptr(), begin.data_ptr(), self.out.data_ptr()),
+                    (ctypes.c_void_p,) * 4, smem)
 
 
 def splits_of(rows: list[torch.Tensor], splits: int) -> list[torch.Tensor]:
@@ -128,13 +113,13 @@ def main() -> None:
         probe = Probe(device, mode)
         for ctas in map(int, args.ctas_per_sm.split(",")):
             for name, runs in designs.items():
-                calls = [lambda s=s, c=c: probe.launch(pool, s, c, SMEM_FOR_CTAS[ctas]) for s, c in runs]
+                calls = [lambda s=s, c=c: probe(pool, s, c, SMEM_FOR_CTAS[ctas]) for s, c in runs]
                 us = time_rotation(calls)
                 moved = runs[0][1][-1].item()
                 row = dict(shape=args.shape, mode=mode, ctas_per_sm=ctas, design=name, grid=runs[0][1].numel() - 1,
                            rows=moved, mb=round(moved * ROW / 1e6, 2), us=round(us, 2),
                            tbps=round(moved * ROW / (us * 1e-6) / 1e12, 2) if moved else None,
-                           regs=probe.report.registers if probe.report else None)
+                           regs=probe.report.registers)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
