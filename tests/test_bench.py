@@ -447,3 +447,27 @@ def test_sass_samples_names_the_line_the_warps_wait_on(tmp_path):
     bad.write_text("a,b\nc,d\n")
     with pytest.raises(ValueError, match="not ncu's SASS source page"):
         sass_samples.read(bad)
+
+
+def test_union_build_probe_compiles_kgens_builder_and_cuts_requests_into_tiles():
+    """bench.union_build_probe: every design compiles kgen's build_union (templates/sparse_attention.cuh)
+    without spills and asks for shared memory an H100 gives a CTA, split designs two CTAs an SM; a
+    request's row tiles start at its tokens and a last tile keeps its remainder; a tile's expected list
+    length is its distinct listed slots."""
+    import torch
+
+    from bench.union_build_probe import (DESIGNS, LOADS, SOURCE, TEMPLATES, TWO_CTAS_SMEM, expected_lengths,
+                                         tiles_of)
+    from kgen import nvrtc
+
+    headers = {f"kgen/{p.name}": p.read_text() for p in TEMPLATES.glob("*.cuh")}
+    for name, d in DESIGNS.items():
+        c = nvrtc.compile_cubin(SOURCE.read_text(), headers, "sm_90", "union_build_probe", SOURCE.name,
+                                (f"-DSET_TABLE={d.table}", f"-DSET_TOKENS={d.tokens}", f"-DSET_LOADS={LOADS}",
+                                 f"-DSET_THREADS={d.threads}"))
+        assert c.report.spill_stores == 0, name
+        assert d.smem() <= 227 * 1024 and (d.whole or d.smem() == TWO_CTAS_SMEM), name
+    first, count = tiles_of(2, 12, 8, "cpu")
+    assert first.tolist() == [0, 8, 12, 20] and count.tolist() == [8, 4, 8, 4]
+    topk = torch.tensor([[5, 7, -1], [7, 9, 1], [3, -1, -1]], dtype=torch.int32)
+    assert expected_lengths(topk, torch.tensor([0, 2]), torch.tensor([2, 1])) == [4, 1]
