@@ -182,7 +182,7 @@ def _print_sparse(spec, p, rows: list[dict]) -> None:
                   f"of its tokens' lists) and sparse_gather_attn (per-token gather), {config}, {v.smem_bytes} B "
                   f"shared memory, a {v.constants['TABLE']}-entry hash set in the KV ring. MODEL, not a measurement: "
                   f"sm_120 time of the sparse schedule's items on the sparse kernels' loop (kgen/sparse_model.py; "
-                  f"its terms fitted on H100 runs of both plans, docs/performance_model.md), "
+                  f"its terms traced, measured or fitted on H100 runs of both plans, docs/performance_model.md), "
                   f"of the kernel a step picks by size, "
                   f"lists sharing `shared` of K per request; floor = union rows once (DESIGN §12).", markup=False)
     report.print_sparse(console, rows)

@@ -16,12 +16,14 @@ or two; s55a: most of it the rows' round trip), so a tile takes a CTA
     tile = max(chain_us, CTAs sharing its SM x the tile's compute from the kernel's SASS / clock)
 
 and an item starts after item_us (its schedule lookup, Q's rows, its partial state) plus, for the
-union, scan_cycles per entry of its row tile and insert_cycles per entry it inserts. chain_us is a
-time, not cycles: the rows' memory latency does not shrink with a faster clock. The combine of the
-bf16 partial states costs combine_us. Of these five terms (SparseCalibration) item_us is traced and
-the others are fitted on bench.sparse measurements of both plans (python -m bench.sparse_model_table);
-the tile's compute and the combine's load chains use the dense calibration. A MODEL, not a
-measurement.
+union, list_us (its key list's fixed part: the set's clear and compaction, the list's writes, the
+fence before its loop), scan_cycles per entry of its row tile and insert_cycles per entry it inserts.
+chain_us is a time, not cycles: the rows' memory latency does not shrink with a faster clock. The
+combine of the bf16 partial states costs combine_us. Of these six terms (SparseCalibration) item_us
+is traced (bench.cta_trace), scan_cycles and insert_cycles are measured (bench.union_build_probe: kgen's
+builder alone), and the other three are fitted on bench.sparse measurements of both plans (python -m
+bench.sparse_model_table); the tile's compute and the combine's load chains use the dense
+calibration. A MODEL, not a measurement.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class SparseCalibration:
 
     chain_us: float  # the least time a CTA spends on a key tile, whatever its SM runs beside it (its rows' round trip)
     item_us: float  # a work item's time outside its tile loop and key list
+    list_us: float  # a union item's key list beyond its entries (clear, compaction, the list's writes, fence)
     scan_cycles: float  # per entry of its row tile a union item's build reads
     insert_cycles: float  # per entry a union item's build inserts (its hash partition's share)
     combine_us: float  # the sparse combine (bf16 partial states, launched under the attention kernel's tail)
@@ -109,7 +112,8 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     apart = tree_apart(sh.B, row_tiles, splits, target)  # then the tree is one more split
     # a union item scans its row tile's entries and inserts its hash partition's share (a one-token
     # tile's entries are distinct: it lists them as the gather does, bench/NOTES.md v52)
-    build = entries * cal.scan_cycles + entries / splits * cal.insert_cycles if union and tokens > 1 else 0.0
+    builds = union and tokens > 1
+    build = entries * cal.scan_cycles + entries / splits * cal.insert_cycles if builds else 0.0
     items = []
     for split in range(splits):
         tiles = max(1, ceil_div(round(keys), bn) + (tree_tiles if split == splits - 1 and not apart else 0))
@@ -128,7 +132,7 @@ def predict_sparse(spec: Spec, s: SparseShape, arch: str | Arch, *, plan_for: st
     tile_us = sharing * cycles / (arch.clock_ghz * 1e3)
     if cal.chain_us >= tile_us:
         tile_us, pipe = cal.chain_us, "latency"
-    startup = cal.item_us + build / (arch.clock_ghz * 1e3)
+    startup = cal.item_us + (cal.list_us if builds else 0.0) + build / (arch.clock_ghz * 1e3)
     prediction = call.finish(replace(dense, combine_us=cal.combine_us), tile_us, pipe, startup)
     return replace(prediction, floor=sparse_floor(spec, s, arch))
 
