@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 from bench.ceilings import SourceKernel
-from kgen.sparse_plan import request_splits
+from bench.gather_probe import SMEM_FOR_CTAS
+from kgen.sparse_plan import request_splits, set_bytes
 from kgen.sparse_testing import indexer_lists
 from kgen.timing import time_rotation
 
@@ -40,7 +41,6 @@ SOURCE = Path(__file__).with_name("union_build_probe.cu")
 TEMPLATES = Path(__file__).parents[1] / "templates"
 HEADS, WIDTH, TARGET = 8, 2048, 264  # GLM-5's heads and top-k; the sm_90 plan's wave (2 CTAs x 132 SMs)
 LOADS = 16
-TWO_CTAS_SMEM = 110 * 1024  # dynamic shared memory that leaves two CTAs an SM (H100/H200)
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,19 @@ class Design:
 
     def smem(self) -> int:
         """The set, its counters and scan scratch, then the warps' insertion queues; a split's CTA asks
-        for TWO_CTAS_SMEM, so that two share an SM as the union kernel's do."""
-        used = self.table * 8 + 34 * 4 + self.threads // 32 * 32 * LOADS * 4
-        return used if self.whole else max(used, TWO_CTAS_SMEM)
+        for what leaves two CTAs an SM, as the union kernel's share one."""
+        used = set_bytes(self.table) + self.threads // 32 * 32 * LOADS * 4
+        return used if self.whole else max(used, SMEM_FOR_CTAS[2])
+
+    def options(self) -> tuple[str, ...]:
+        """The NVRTC options that build this design from bench/union_build_probe.cu."""
+        return (f"-DSET_TABLE={self.table}", f"-DSET_TOKENS={self.tokens}", f"-DSET_LOADS={LOADS}",
+                f"-DSET_THREADS={self.threads}")
+
+
+def headers(templates: Path = TEMPLATES) -> dict[str, str]:
+    """kgen's device headers as the probe includes them (kgen/NAME.cuh)."""
+    return {f"kgen/{p.name}": p.read_text() for p in templates.glob("*.cuh")}
 
 
 DESIGNS = {"split16": Design(2, 160, 8192, False), "split64": Design(8, 160, 8192, False),
@@ -65,10 +75,7 @@ DESIGNS = {"split16": Design(2, 160, 8192, False), "split64": Design(8, 160, 819
 
 class BuildProbe(SourceKernel):
     def __init__(self, device: torch.device, d: Design, templates: Path = TEMPLATES):
-        headers = {f"kgen/{p.name}": p.read_text() for p in templates.glob("*.cuh")}
-        super().__init__(device, SOURCE, "union_build_probe", headers,
-                         (f"-DSET_TABLE={d.table}", f"-DSET_TOKENS={d.tokens}", f"-DSET_LOADS={LOADS}",
-                          f"-DSET_THREADS={d.threads}"), d.smem())
+        super().__init__(device, SOURCE, "union_build_probe", headers(templates), d.options(), d.smem())
         self.design = d
 
     def __call__(self, topk, tile_first, tile_tokens, parts: int, num_slots: int, out) -> None:

@@ -48,7 +48,8 @@ KERNELS = {"union": "sparse_verify_attn", "gather": "sparse_gather_attn"}
 
 @dataclass(frozen=True)
 class SparseCalibration:
-    """The sparse path's own terms (module docstring), fitted by python -m bench.sparse_model_table."""
+    """The sparse path's own terms (module docstring): traced, measured, or fitted by python -m
+    bench.sparse_model_table (its MEASURED names the first two kinds)."""
 
     chain_us: float  # the least time a CTA spends on a key tile, whatever its SM runs beside it (its rows' round trip)
     item_us: float  # a work item's time outside its tile loop and key list

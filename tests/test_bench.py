@@ -456,17 +456,14 @@ def test_union_build_probe_compiles_kgens_builder_and_cuts_requests_into_tiles()
     length is its distinct listed slots."""
     import torch
 
-    from bench.union_build_probe import (DESIGNS, LOADS, SOURCE, TEMPLATES, TWO_CTAS_SMEM, expected_lengths,
-                                         tiles_of)
+    from bench.gather_probe import SMEM_FOR_CTAS
+    from bench.union_build_probe import DESIGNS, SOURCE, expected_lengths, headers, tiles_of
     from kgen import nvrtc
 
-    headers = {f"kgen/{p.name}": p.read_text() for p in TEMPLATES.glob("*.cuh")}
     for name, d in DESIGNS.items():
-        c = nvrtc.compile_cubin(SOURCE.read_text(), headers, "sm_90", "union_build_probe", SOURCE.name,
-                                (f"-DSET_TABLE={d.table}", f"-DSET_TOKENS={d.tokens}", f"-DSET_LOADS={LOADS}",
-                                 f"-DSET_THREADS={d.threads}"))
+        c = nvrtc.compile_cubin(SOURCE.read_text(), headers(), "sm_90", "union_build_probe", SOURCE.name, d.options())
         assert c.report.spill_stores == 0, name
-        assert d.smem() <= 227 * 1024 and (d.whole or d.smem() == TWO_CTAS_SMEM), name
+        assert d.smem() <= 227 * 1024 and (d.whole or d.smem() == SMEM_FOR_CTAS[2]), name
     first, count = tiles_of(2, 12, 8, "cpu")
     assert first.tolist() == [0, 8, 12, 20] and count.tolist() == [8, 4, 8, 4]
     topk = torch.tensor([[5, 7, -1], [7, 9, 1], [3, -1, -1]], dtype=torch.int32)
