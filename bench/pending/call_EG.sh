@@ -9,7 +9,7 @@
 #     (cd /tmp/t_$v && git apply /work/main/bench/pending/v114$v-*.patch \
 #      && KGEN_CACHE_DIR=/tmp/kc_$v python -m bench.warm /work/main/.kcache --group sparse); done
 #   KGEN_CACHE_DIR=/tmp/kc_m python -m bench.warm .kcache --group sparse
-# Carry .whl_kgen, .kcache, .ab. ~4 min. Then: the winner's sparse GPU suite, its sm_120 plan table.
+# Carry .whl_kgen, .kcache, .ab. ~4 min, then each variant's sparse GPU suite (<= 130 s each).
 set -u
 source bench/pending/steps.sh
 root=$PWD
@@ -32,6 +32,9 @@ ab main_r1 "$root"
 ab v114b_r2 "$(tree v114b)"
 ab v114c_r2 "$(tree v114c)"
 ab main_r2 "$root"
+for t in v114b v114c; do  # each variant's sparse GPU suite, if time is left (the call's limit is 600 s)
+    (cd "$(tree $t)" && step "suite_$t" 130 python3 -m pytest -q -x tests/test_sparse_gpu.py)
+done
 for f in "$OUT"/main_r*.log "$OUT"/v114*_r*.log; do echo "== $f"; tail -n 7 "$f" | cut -c1-120; done > "$OUT/tables.log"
 grep -h '"design"' "$OUT"/probe_*.log | cut -c1-130
 cat "$OUT/tables.log" "$OUT/summary.log"
