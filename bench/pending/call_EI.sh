@@ -1,31 +1,33 @@
-# Call EI (prepared in the fifty-seventh session; not yet run): the union's insert with fewer
-# instructions on its chain, against main (bench/NOTES.md v115a-c): v115a, the probe one CAS (no load
+# Call EI (prepared in the fifty-seventh session; not yet run): the union's key list with fewer
+# instructions on its chains, against main (bench/NOTES.md v115a-d): v115a, the probe one CAS (no load
 # first; bench/pending/v115a-cas-first.patch); v115b, a slot's probe position from one multiply (no
-# murmur finalizer; v115b-one-multiply-home.patch); v115c, both patches. bench.union_build_probe over
-# the four trees' templates, then bench.sparse for v115c and main at five shapes (B64 L8192 is the
-# shape a clustering probe hash slowed: bench/NOTES.md mix32), in turn (v115c's first with --check),
-# then v115c's sparse GPU suite; first, s57b: bench.gather_probe's rows alone at B8. Before the call,
-# here (main checked out, clean):
+# murmur finalizer; v115b-one-multiply-home.patch); v115c, both; v115d, v115c and compact() loading
+# two chunks before writing (v115d-compact-batched.patch on top). First s57b: bench.gather_probe's
+# rows alone at B8. Then bench.union_build_probe over the five trees' templates, bench.sparse for
+# v115d and main at five shapes (B64 L8192 is the shape a clustering probe hash slowed: bench/NOTES.md
+# mix32), in turn (v115d's first with --check), and v115d's sparse GPU suite. Before the call, here
+# (main checked out, clean; ~3 min):
 #   git archive HEAD kgen templates bench specs tests pyproject.toml ":!bench/results" | gzip > .ab/main.tgz
-#   for v in a b c; do rm -rf /tmp/t_115$v; mkdir -p /tmp/t_115$v; tar xzf .ab/main.tgz -C /tmp/t_115$v; done
+#   for v in a b c d; do rm -rf /tmp/t_115$v; mkdir -p /tmp/t_115$v; tar xzf .ab/main.tgz -C /tmp/t_115$v; done
 #   (cd /tmp/t_115a && git apply /work/main/bench/pending/v115a-*.patch)
 #   (cd /tmp/t_115b && git apply /work/main/bench/pending/v115b-*.patch)
-#   (cd /tmp/t_115c && git apply /work/main/bench/pending/v115[ab]-*.patch)
-#   for v in a b c; do (cd /tmp/t_115$v && tar czf /work/main/.ab/v115$v.tgz .); done
-#   rm -rf .kcache; (cd /tmp/t_115c && KGEN_CACHE_DIR=/tmp/kc_c python -m bench.warm /work/main/.kcache --group sparse)
+#   (cd /tmp/t_115d && git apply /work/main/bench/pending/v115[ab]-*.patch)
+#   (cd /tmp/t_115d && git apply /work/main/bench/pending/v115[abd]-*.patch)
+#   for v in a b c d; do (cd /tmp/t_115$v && tar czf /work/main/.ab/v115$v.tgz .); done
+#   rm -rf .kcache; (cd /tmp/t_115d && KGEN_CACHE_DIR=/tmp/kc_d python -m bench.warm /work/main/.kcache --group sparse)
 #   KGEN_CACHE_DIR=/tmp/kc_m python -m bench.warm .kcache --group sparse
-# Carry .whl_kgen, .kcache, .ab (~36 MB). ~3 min; ROUNDS=1 (~1.5 min): one round of each, no --check, no suite.
+# Carry .whl_kgen, .kcache, .ab (~36 MB). ~4 min; ROUNDS=1 (~2 min): one round of each, no --check, no suite.
 set -u
 rounds=${ROUNDS:-2}
 source bench/pending/steps.sh
 root=$PWD
 export KC=$root/.kcache
-for v in a b c; do rm -rf "/tmp/t_115$v" && mkdir -p "/tmp/t_115$v" && tar xzf ".ab/v115$v.tgz" -C "/tmp/t_115$v"; done
+for v in a b c d; do rm -rf "/tmp/t_115$v" && mkdir -p "/tmp/t_115$v" && tar xzf ".ab/v115$v.tgz" -C "/tmp/t_115$v"; done
 # s57b: the batched rows alone at B8 (call ED measured B32 only): do 8-token tiles' rows pay there?
 step gather_probe_b8 90 python3 -m bench.gather_probe --shape 8,131072,16 --modes 0 --ctas-per-sm 2 --out "$OUT/gprobe_b8"
 for r in $(seq "$rounds"); do
     step "probe_main_r$r" 60 python3 -m bench.union_build_probe --templates "$root/templates" --out "$OUT/probe_main_r$r"
-    for v in a b c; do
+    for v in a b c d; do
         step "probe_v115${v}_r$r" 60 python3 -m bench.union_build_probe --templates "/tmp/t_115$v/templates" --out "$OUT/probe_v115${v}_r$r"
     done
 done
@@ -34,18 +36,18 @@ shapes=(--shape 32,32768,16,0.7 --shape 8,131072,16,0.7 --shape 8,32768,16,0.5 -
 ab() { local name=$1 dir=$2; shift 2
     (cd "$dir" && step "$name" 120 python3 -m bench.sparse --spec specs/glm5_dsa_sm120.yaml "${shapes[@]}" --out "$OUT/$name" "$@"); }
 if [ "$rounds" = 1 ]; then
-    ab v115c_r1 /tmp/t_115c
+    ab v115d_r1 /tmp/t_115d
     ab main_r1 "$root"
 else
-    ab v115c_r1 /tmp/t_115c --check
+    ab v115d_r1 /tmp/t_115d --check
     ab main_r1 "$root"
-    ab v115c_r2 /tmp/t_115c
+    ab v115d_r2 /tmp/t_115d
     ab main_r2 "$root"
-    (cd /tmp/t_115c && step suite_v115c 150 python3 -m pytest -q -x tests/test_sparse_gpu.py)
+    (cd /tmp/t_115d && step suite_v115d 150 python3 -m pytest -q -x tests/test_sparse_gpu.py)
 fi
 { echo "== gather_probe_b8"; tail -n 12 "$OUT/gather_probe_b8.log" | cut -c1-160
   for f in "$OUT"/probe_*.log; do echo "== $f"; grep '"design": "split16"' "$f" | cut -c1-110; done
-  for f in "$OUT"/main_r*.log "$OUT"/v115c_r*.log; do echo "== $f"; tail -n 7 "$f" | cut -c1-120; done
+  for f in "$OUT"/main_r*.log "$OUT"/v115d_r*.log; do echo "== $f"; tail -n 7 "$f" | cut -c1-120; done
   cat "$OUT/summary.log"; } > "$OUT/all.txt"
-(cd "$OUT" && tar czf results.tgz gprobe_b8 gather_probe_b8.log probe_* main_r* v115c_r* && rm -rf gprobe_b8 gather_probe_b8.log probe_* main_r* v115c_r*)  # few files come back
+(cd "$OUT" && tar czf results.tgz gprobe_b8 gather_probe_b8.log probe_* main_r* v115d_r* && rm -rf gprobe_b8 gather_probe_b8.log probe_* main_r* v115d_r*)  # few files come back
 cat "$OUT/all.txt"
