@@ -8,6 +8,9 @@
 #   AB_TREES="base l16"   the archives .ab/base.tgz, .ab/l16.tgz (default: base) beside this tree ("change")
 #   AB_MODULE=bench.sparse   the benchmark (default bench.run, run with --no-triton --peers none)
 #   AB_CHANGE=               this tree is not run (the archives only)
+#   AB_CACHE=DIR             one kernel cache for every tree (a carried .kcache that bench.warm filled in
+#                            each tree: content-addressed, so their kernels sit side by side; default: a
+#                            fresh cache a tree, compiled on the machine)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-/tmp}" name=$1 rounds=$2
@@ -24,7 +27,7 @@ done
 for round in $(seq "$rounds"); do
     for tree in ${AB_CHANGE-change} ${AB_TREES:-base}; do
         dir=$PWD && [ $tree != change ] && dir=/tmp/ab_$tree
-        (cd "$dir" && KGEN_CACHE_DIR=/tmp/ab_cache_$tree PYTHONPATH="/tmp/site:$dir" PYTHONUNBUFFERED=1 \
+        (cd "$dir" && KGEN_CACHE_DIR="${AB_CACHE:-/tmp/ab_cache_$tree}" PYTHONPATH="/tmp/site:$dir" PYTHONUNBUFFERED=1 \
             timeout 280 python3 -m "$module" "${extra[@]}" --out "$runs/$tree$round" "$@") \
             > "$runs/$tree$round.log" 2>&1
         echo "== $tree, round $round: rc=$?" >> "$out/$name.log"

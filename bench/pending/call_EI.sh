@@ -5,7 +5,7 @@
 # two chunks before writing (v115d-compact-batched.patch on top). First s57b: bench.gather_probe's
 # rows alone at B8. Then bench.union_build_probe over the five trees' templates, bench.sparse for
 # v115d and main at five shapes (B64 L8192 is the shape a clustering probe hash slowed: bench/NOTES.md
-# mix32), in turn (v115d's first with --check), and v115d's sparse GPU suite. Before the call, here
+# mix32), in turn (bench/gpu_ab.sh, each run --check'd), and v115d's sparse GPU suite. Before the call, here
 # (main checked out, clean; ~3 min):
 #   git archive HEAD kgen templates bench specs tests pyproject.toml ":!bench/results" | gzip > .ab/main.tgz
 #   for v in a b c d; do rm -rf /tmp/t_115$v; mkdir -p /tmp/t_115$v; tar xzf .ab/main.tgz -C /tmp/t_115$v; done
@@ -16,7 +16,8 @@
 #   for v in a b c d; do (cd /tmp/t_115$v && tar czf /work/main/.ab/v115$v.tgz .); done
 #   rm -rf .kcache; (cd /tmp/t_115d && KGEN_CACHE_DIR=/tmp/kc_d python -m bench.warm /work/main/.kcache --group sparse)
 #   KGEN_CACHE_DIR=/tmp/kc_m python -m bench.warm .kcache --group sparse
-# Carry .whl_kgen, .kcache, .ab (~36 MB). ~4 min; ROUNDS=1 (~2 min): one round of each, no --check, no suite.
+# Carry .whl_kgen, .kcache, .ab (~36 MB). ~5 min; ROUNDS=1 (~2 min): one round of each, no --check, no suite.
+# The kernel cache: steps.sh's KC (the carried .kcache) for every step and every tree.
 set -u
 rounds=${ROUNDS:-2}
 source bench/pending/steps.sh
@@ -31,23 +32,16 @@ for r in $(seq "$rounds"); do
         step "probe_v115${v}_r$r" 60 python3 -m bench.union_build_probe --templates "/tmp/t_115$v/templates" --out "$OUT/probe_v115${v}_r$r"
     done
 done
+# v115d against main, alternating (bench/gpu_ab.sh; every run --check'd first), then v115d's suite
 shapes=(--shape 32,32768,16,0.7 --shape 8,131072,16,0.7 --shape 8,32768,16,0.5 --shape 64,8192,16,0.7
         --shape 1,131072,16,0.7)
-ab() { local name=$1 dir=$2; shift 2
-    (cd "$dir" && step "$name" 120 python3 -m bench.sparse --spec specs/glm5_dsa_sm120.yaml "${shapes[@]}" --out "$OUT/$name" "$@"); }
-if [ "$rounds" = 1 ]; then
-    ab v115d_r1 /tmp/t_115d
-    ab main_r1 "$root"
-else
-    ab v115d_r1 /tmp/t_115d --check
-    ab main_r1 "$root"
-    ab v115d_r2 /tmp/t_115d
-    ab main_r2 "$root"
-    (cd /tmp/t_115d && step suite_v115d 150 python3 -m pytest -q -x tests/test_sparse_gpu.py)
-fi
+AB_TREES=v115d AB_MODULE=bench.sparse AB_CACHE=$KC bash bench/gpu_ab.sh sparse_ab "$rounds" \
+    --spec specs/glm5_dsa_sm120.yaml "${shapes[@]}" $([ "$rounds" = 1 ] || echo --check)
+echo "sparse_ab: $(grep -c 'rc=0' "$OUT/sparse_ab.log") of $((2 * rounds)) runs rc=0" >> "$OUT/summary.log"
+[ "$rounds" = 1 ] || (cd /tmp/t_115d && step suite_v115d 150 python3 -m pytest -q -x tests/test_sparse_gpu.py)
 { echo "== gather_probe_b8"; tail -n 12 "$OUT/gather_probe_b8.log" | cut -c1-160
   for f in "$OUT"/probe_*.log; do echo "== $f"; grep '"design": "split16"' "$f" | cut -c1-110; done
-  for f in "$OUT"/main_r*.log "$OUT"/v115d_r*.log; do echo "== $f"; tail -n 7 "$f" | cut -c1-120; done
+  cut -c1-120 "$OUT/sparse_ab.log"
   cat "$OUT/summary.log"; } > "$OUT/all.txt"
-(cd "$OUT" && tar czf results.tgz gprobe_b8 gather_probe_b8.log probe_* main_r* v115d_r* && rm -rf gprobe_b8 gather_probe_b8.log probe_* main_r* v115d_r*)  # few files come back
+(cd "$OUT" && tar czf results.tgz gprobe_b8 gather_probe_b8.log probe_* && rm -rf gprobe_b8 gather_probe_b8.log probe_*)  # few files come back
 cat "$OUT/all.txt"
